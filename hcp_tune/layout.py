@@ -1,0 +1,195 @@
+"""The layout space: every ``[a2a, p2p]`` split of CP, the HCP rules with reasons, and the
+rank groups Megatron-Core builds for each split, with their placement on nodes.
+
+Pure functions over numbers: no torch, no files. The group formula follows
+``parallel_state.initialize_model_parallel`` (order tp-cp-ep-dp-pp; inside each flat CP
+group, level 0 (a2a) takes contiguous positions and level 1 (p2p) takes stride ``a2a``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hcp_tune.cluster import ClusterProfile
+from hcp_tune.model import ModelSpec
+
+CommType = Literal["none", "p2p", "a2a", "a2a+p2p"]
+Groups = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``[a2a, p2p]`` with ``a2a * p2p == cp``; the endpoints run as plain p2p / a2a."""
+
+    a2a: int
+    p2p: int
+
+    @property
+    def cp(self) -> int:
+        return self.a2a * self.p2p
+
+    @property
+    def sizes(self) -> list[int]:
+        return [self.a2a, self.p2p]
+
+    @property
+    def comm_type(self) -> CommType:
+        if self.cp == 1:
+            return "none"
+        if self.a2a == 1:
+            return "p2p"
+        if self.p2p == 1:
+            return "a2a"
+        return "a2a+p2p"
+
+    @property
+    def label(self) -> str:
+        return f"[{self.a2a},{self.p2p}]"
+
+    def bridge_overrides(self) -> list[str]:
+        """Paste-ready Bridge CLI overrides that run this layout."""
+        out = [f"model.context_parallel_size={self.cp}"]
+        if self.comm_type == "none":
+            return out
+        out.append(f"model.cp_comm_type={self.comm_type}")
+        if self.comm_type == "a2a+p2p":
+            out.append(f'"model.hierarchical_context_parallel_sizes={self.label}"')
+        return out
+
+
+def factorizations(cp: int) -> list[Layout]:
+    """Every ordered two-level split of ``cp``, from pure ring ``[1,cp]`` to pure a2a."""
+    return [Layout(a, cp // a) for a in range(1, cp + 1) if cp % a == 0]
+
+
+@dataclass(frozen=True)
+class RankGroups:
+    """Global ranks of every CP group and of both HCP levels, and where they sit."""
+
+    cp: Groups
+    a2a: Groups  # level 0: contiguous positions inside each CP group
+    p2p: Groups  # level 1: stride-a2a positions inside each CP group
+    world_size: int
+    gpus_per_node: int
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.world_size // self.gpus_per_node)
+
+    def _crosses(self, groups: Groups) -> bool:
+        return any(len({r // self.gpus_per_node for r in g}) > 1 for g in groups)
+
+    @property
+    def a2a_crosses_nodes(self) -> bool:
+        return self._crosses(self.a2a)
+
+    @property
+    def p2p_crosses_nodes(self) -> bool:
+        return self._crosses(self.p2p)
+
+    def as_dict(self) -> dict[str, list[list[int]]]:
+        return {k: [list(g) for g in getattr(self, k)] for k in ("cp", "a2a", "p2p")}
+
+
+def rank_groups(layout: Layout, *, tp: int, dp: int = 1, gpus_per_node: int) -> RankGroups:
+    """The groups Megatron-Core creates for ``layout`` (pp=1, ep=1, order tp-cp-ep-dp-pp).
+
+    Global rank = tp_rank + tp * (cp_rank + cp * dp_rank); a flat CP group fixes tp_rank
+    and dp_rank. Level-0 groups are consecutive runs of ``a2a`` members of it, level-1
+    groups take every ``a2a``-th member.
+    """
+    cp, a = layout.cp, layout.a2a
+    cp_groups, l0, l1 = [], [], []
+    for d in range(dp):
+        for t in range(tp):
+            members = [t + tp * (j + cp * d) for j in range(cp)]
+            cp_groups.append(tuple(members))
+            l0 += [tuple(members[k * a : (k + 1) * a]) for k in range(layout.p2p)]
+            l1 += [tuple(members[i::a]) for i in range(a)]
+    return RankGroups(tuple(cp_groups), tuple(l0), tuple(l1), tp * cp * dp, gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout for one (tp, cp, seq): kept or rejected, with reasons a user can act on."""
+
+    layout: Layout
+    tp: int
+    seq: int
+    dp: int
+    kept: bool
+    reasons: tuple[str, ...] = ()  # why it is rejected (empty when kept)
+    flags: tuple[str, ...] = ()  # kept, but worth knowing (e.g. a2a over inter-node links)
+    groups: RankGroups | None = field(default=None, compare=False)
+
+    @property
+    def cp(self) -> int:
+        return self.layout.cp
+
+
+def head_reasons(model: ModelSpec, tp: int, a2a: int) -> list[str]:
+    """Why an a2a level of size ``a2a`` cannot split this model's heads at this TP."""
+    if model.heads % tp or model.kv_heads % tp:
+        return [
+            f"tp={tp} must divide heads ({model.heads}) and kv_heads ({model.kv_heads}): "
+            "Megatron-Core splits both across TP ranks"
+        ]
+    hq, hk = model.heads // tp, model.kv_heads // tp
+    out = []
+    for what, n in (("query heads", hq), ("KV heads", hk)):
+        if n % a2a:
+            out.append(
+                f"a2a size {a2a} must divide per-TP-rank {what} ({what.split()[0]} "
+                f"{n} = {n * tp}/tp {tp}): TE scatters heads over the a2a group "
+                f"(fails as a shape error otherwise); use an a2a size that divides {n}"
+            )
+    return out
+
+
+def seq_reason(seq: int, cp: int) -> str | None:
+    if seq % (2 * cp):
+        lo = seq // (2 * cp) * (2 * cp)
+        hint = f"e.g. {lo + 2 * cp}" + (f" or {lo}" if lo else "")
+        return (
+            f"seq {seq} is not divisible by 2*cp = {2 * cp} (load-balanced causal chunks): "
+            f"use a multiple of {2 * cp}, {hint}"
+        )
+    return None
+
+
+def cross_node_note(layout: Layout, tp: int, gpus_per_node: int) -> str | None:
+    if layout.a2a > 1 and tp * layout.a2a > gpus_per_node:
+        return (
+            f"a2a level crosses nodes: tp*a2a = {tp}*{layout.a2a} = {tp * layout.a2a} > "
+            f"{gpus_per_node} GPUs per node, so its all-to-all runs on inter-node links"
+        )
+    return None
+
+
+def enumerate_layouts(
+    model: ModelSpec,
+    cluster: ClusterProfile,
+    *,
+    cp: int,
+    tp: int,
+    seq: int,
+    dp: int = 1,
+    drop_cross_node_a2a: bool = False,
+) -> list[Candidate]:
+    """Every split of ``cp`` for one (tp, seq), each kept or rejected with its reasons."""
+    out = []
+    seq_problem = seq_reason(seq, cp)
+    for layout in factorizations(cp):
+        reasons = [seq_problem] if seq_problem else []
+        reasons += head_reasons(model, tp, layout.a2a)
+        flags = []
+        note = cross_node_note(layout, tp, cluster.gpus_per_node)
+        if note and drop_cross_node_a2a:
+            reasons.append(note + " (dropped: drop_cross_node_a2a=true)")
+        elif note:
+            flags.append(note)
+        groups = rank_groups(layout, tp=tp, dp=dp, gpus_per_node=cluster.gpus_per_node)
+        out.append(
+            Candidate(layout, tp, seq, dp, not reasons, tuple(reasons), tuple(flags), groups)
+        )
+    return out

@@ -1,0 +1,154 @@
+"""The contract across the orchestrator/job boundary: ``TrialSpec`` in, ``TrialResult`` out.
+
+Standard library only: both sides import this module (the job side inside the training
+container, the orchestrator on a login node). Both records round-trip through JSON so a
+result can be read back from a job's folder after the orchestrator was restarted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    FAILED = "failed"  # with a FailureClass
+    INVALID = "invalid"  # ran, but did not prove CP was active, or beat physics
+    PRUNED = "pruned"  # stopped early: clearly slower than the best so far
+    SKIPPED = "skipped"  # not run (predicted too slow, on request)
+    CANCELLED = "cancelled"  # the user interrupted the sweep
+
+
+class FailureClass(str, enum.Enum):
+    OOM = "oom"
+    COMM = "comm"  # communication timeout or a peer lost
+    NUMERICS = "numerics"  # output differs from full attention
+    ENVIRONMENT = "environment"  # missing/too old TE or Megatron-Core, no CUDA, ...
+    TIME_LIMIT = "time_limit"
+    UNKNOWN = "unknown"
+
+
+@dataclass(kw_only=True)
+class TrialSpec:
+    """What one trial runs: one layout, once, on one allocation."""
+
+    trial_id: str
+    a2a: int
+    p2p: int
+    tp: int = 1
+    seq: int
+    mbs: int = 1
+    dtype: str = "bf16"  # bf16 | fp16 | fp32 (the CPU reference runs fp32)
+    # model dimensions the workload needs
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int = 0
+    ffn_hidden: int = 0
+    layers: int = 1
+    vocab: int = 0
+    runner: str = "attention"  # attention | bridge
+    backend: str = "auto"  # auto | te | torch (attention runner only)
+    warmup_steps: int = 2  # discarded: allocator, NCCL communicator and kernel warm-up
+    measure_steps: int = 5
+    seed: int = 1234
+    time_limit_s: float = 600.0
+    comm_timeout_s: float = 120.0  # process-group timeout: a dead rank ends the trial
+    verify_seq: int = 0  # sequence length of the CP-active proof; 0 = choose (small)
+    expected_groups: dict[str, list[list[int]]] = field(default_factory=dict)
+    peak_tflops: Optional[float] = None  # hardware ceiling: a faster measurement is invalid
+    progress_path: Optional[str] = None  # per-step progress lines for early stopping
+    env_tag: str = "default"
+    inject_fault: Optional[str] = None  # tests only: cp_off | raise | kill_rank
+
+    @property
+    def cp(self) -> int:
+        return self.a2a * self.p2p
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp
+
+    @property
+    def comm_type(self) -> str:
+        if self.cp == 1:
+            return "none"
+        return "p2p" if self.a2a == 1 else "a2a" if self.p2p == 1 else "a2a+p2p"
+
+
+@dataclass(kw_only=True)
+class TrialResult:
+    """What came back from one trial; failures are results too."""
+
+    trial_id: str
+    status: Status
+    failure_class: Optional[FailureClass] = None
+    error: Optional[str] = None  # the first meaningful error line
+    step_times_s: list[float] = field(default_factory=list)
+    median_s: Optional[float] = None
+    p10_s: Optional[float] = None
+    p90_s: Optional[float] = None
+    peak_mem_bytes: Optional[int] = None
+    mem_note: str = ""  # what peak_mem_bytes measures on this device
+    tflops_per_gpu: Optional[float] = None
+    verification: dict[str, Any] = field(default_factory=dict)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    backend: str = ""
+    world_size: int = 0
+    log_path: Optional[str] = None
+    job_id: Optional[str] = None
+
+
+def _to_dict(obj: Any) -> dict[str, Any]:
+    out = dataclasses.asdict(obj)
+    for k, v in out.items():
+        if isinstance(v, enum.Enum):
+            out[k] = v.value
+    return out
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+    data = dict(data)
+    if cls is TrialResult:
+        data["status"] = Status(data["status"])
+        if data.get("failure_class") is not None:
+            data["failure_class"] = FailureClass(data["failure_class"])
+    return cls(**data)
+
+
+def to_json(obj: TrialSpec | TrialResult) -> str:
+    return json.dumps(_to_dict(obj), sort_keys=True)
+
+
+def spec_from_json(text: str) -> TrialSpec:
+    return _from_dict(TrialSpec, json.loads(text))
+
+
+def result_from_json(text: str) -> TrialResult:
+    return _from_dict(TrialResult, json.loads(text))
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the new one, never half."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
