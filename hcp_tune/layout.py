@@ -134,14 +134,14 @@ def head_reasons(model: ModelSpec, tp: int, a2a: int) -> list[str]:
             f"tp={tp} must divide heads ({model.heads}) and kv_heads ({model.kv_heads}): "
             "Megatron-Core splits both across TP ranks"
         ]
-    hq, hk = model.heads // tp, model.kv_heads // tp
     out = []
-    for what, n in (("query heads", hq), ("KV heads", hk)):
+    for key, total in (("heads", model.heads), ("kv_heads", model.kv_heads)):
+        n = total // tp
         if n % a2a:
             out.append(
-                f"a2a size {a2a} must divide per-TP-rank {what} ({what.split()[0]} "
-                f"{n} = {n * tp}/tp {tp}): TE scatters heads over the a2a group "
-                f"(fails as a shape error otherwise); use an a2a size that divides {n}"
+                f"a2a size {a2a} must divide the per-TP-rank {key}: {key}/tp = {total}/{tp} "
+                f"= {n}; TE scatters heads over the a2a group (a shape error otherwise); "
+                f"use an a2a size that divides {n}"
             )
     return out
 

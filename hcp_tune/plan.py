@@ -1,0 +1,67 @@
+"""``plan``: every candidate layout of the composed sweep, kept or rejected, and why.
+
+Pure over the config: no torch, no jobs. ``plan_rows`` is the JSON-able form that both
+the table and ``format=json`` print, so the two can never disagree.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from hcp_tune.config import SweepConfig
+from hcp_tune.layout import Candidate, enumerate_layouts
+
+
+def candidates(cfg: SweepConfig) -> list[Candidate]:
+    """All candidates of the sweep, ordered by tp, seq, then a2a size."""
+    return [
+        c
+        for tp in cfg.tps
+        for seq in cfg.seqs
+        for c in enumerate_layouts(
+            cfg.model,
+            cfg.cluster,
+            cp=cfg.cp,
+            tp=tp,
+            seq=seq,
+            dp=cfg.dp,
+            drop_cross_node_a2a=cfg.drop_cross_node_a2a,
+        )
+    ]
+
+
+def crossing(c: Candidate) -> str:
+    """Which levels leave a node: 'a2a+p2p', 'a2a', 'p2p' or '-'."""
+    g = c.groups
+    levels = [n for n, x in (("a2a", g.a2a_crosses_nodes), ("p2p", g.p2p_crosses_nodes)) if x]
+    return "+".join(levels) or "-"
+
+
+def row(c: Candidate) -> dict[str, Any]:
+    g = c.groups
+    return {
+        "tp": c.tp,
+        "cp": c.cp,
+        "seq": c.seq,
+        "dp": c.dp,
+        "a2a": c.layout.a2a,
+        "p2p": c.layout.p2p,
+        "sizes": c.layout.sizes,
+        "comm_type": c.layout.comm_type,
+        "kept": c.kept,
+        "reasons": list(c.reasons),
+        "flags": list(c.flags),
+        "world_size": g.world_size,
+        "nodes": g.nodes,
+        "crosses_nodes": crossing(c),
+        "groups": g.as_dict(),
+        "bridge_overrides": c.layout.bridge_overrides(),
+    }
+
+
+def plan_rows(cfg: SweepConfig) -> dict[str, Any]:
+    return {
+        "cluster": cfg.cluster.name,
+        "model": cfg.model.name,
+        "cp": cfg.cp,
+        "candidates": [row(c) for c in candidates(cfg)],
+    }

@@ -1,0 +1,177 @@
+"""The CLI as a user meets it: subprocesses, exit codes, one-line errors, no torch."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(*args, env=None, cwd=REPO):
+    return subprocess.run(
+        [sys.executable, "-m", "hcp_tune", *args], capture_output=True, text=True,
+        cwd=cwd, env={**os.environ, **(env or {})}, timeout=120,
+    )
+
+
+def test_plan_lists_every_cp8_layout_kept_with_groups():
+    r = run("plan", "cp=8", "seq=131072", "model=llama3-8b", "cluster=dgx-h100", "format=json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    rows = plan["candidates"]
+    assert [(c["sizes"], c["comm_type"], c["kept"]) for c in rows] == [
+        ([1, 8], "p2p", True), ([2, 4], "a2a+p2p", True),
+        ([4, 2], "a2a+p2p", True), ([8, 1], "a2a", True),
+    ]
+    assert rows[1]["groups"]["a2a"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert rows[1]["groups"]["p2p"] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert rows[1]["bridge_overrides"][-1] == '"model.hierarchical_context_parallel_sizes=[2,4]"'
+
+
+def test_plan_cp16_tp2_rejects_and_flags_with_reasons():
+    r = run("plan", "cp=16", "tp=2", "seq=131072", "model=llama3-8b", "cluster=dgx-h100",
+            "format=json")
+    assert r.returncode == 0, r.stderr
+    rows = {tuple(c["sizes"]): c for c in json.loads(r.stdout)["candidates"]}
+    assert rows[(4, 4)]["kept"] and rows[(4, 4)]["crosses_nodes"] == "p2p"
+    assert not rows[(8, 2)]["kept"]
+    assert "kv_heads/tp = 8/2 = 4" in rows[(8, 2)]["reasons"][0]
+    assert "crosses nodes" in rows[(8, 2)]["flags"][0]
+    assert not rows[(16, 1)]["kept"]
+    assert rows[(1, 16)]["nodes"] == 4
+
+
+def test_plan_table_is_readable_when_piped():
+    r = run("plan", "cp=4", "seq=8192", "model=tiny", "cluster=local")
+    assert r.returncode == 0
+    assert "[a2a,p2p]" in r.stdout and "[2,2]" in r.stdout and "a2a+p2p" in r.stdout
+
+
+def test_plan_preset_from_sweeps_and_override_wins():
+    r = run("plan", "sweeps=cpu-smoke", "cp=2", "format=json")
+    plan = json.loads(r.stdout)
+    assert plan["model"] == "tiny" and plan["cluster"] == "local" and plan["cp"] == 2
+    assert sorted({c["seq"] for c in plan["candidates"]}) == [2048, 4096]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["cluster=nope"], "cluster=nope: unknown cluster option; expected one of: dgx-a100"),
+        (["model=nope"], "model=nope: unknown model option; expected one of:"),
+        (["sweeps=nope"], "sweeps=nope: unknown sweeps option; expected one of: cpu-smoke"),
+        (["cp=0"], "cp=0: expected an integer >= 1"),
+        (["cp=-8"], "cp=-8: expected an integer >= 1"),
+        (["cp=abc"], "cp='abc': expected an integer >= 1"),
+        (["seq=12.5"], "seq=12.5: expected an integer >= 1"),
+        (["seq=[1024,x]"], "element 'x' is not an integer"),
+        (["tp=3"], "tp=3: must divide the model's heads (32) and kv_heads (8)"),
+        (["cp=["], "malformed override 'cp=['"),
+        (["cp"], "malformed override 'cp': expected KEY=VALUE"),
+        (["foo=1"], "foo: unknown key; expected one of: cp, seq, tp"),
+        (["dtype=fp8"], "dtype='fp8': expected one of bf16, fp16, fp32"),
+    ],
+)
+def test_plan_bad_input_is_one_line_exit_2(args, message):
+    r = run("plan", *args)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert all(line.startswith("hcp-tune: error: ") for line in r.stderr.splitlines())
+
+
+def test_several_problems_are_reported_together():
+    r = run("plan", "cp=0", "seq=abc")
+    assert r.returncode == 2
+    assert "cp=0" in r.stderr and "seq='abc'" in r.stderr
+
+
+def test_malformed_cluster_profile_names_the_key(tmp_path):
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "cluster" / "mine.yaml").write_text(
+        "device: cuda\ngpu_name: x\ngpus_per_nodes: 8\nintra_node_bw_gbs: 1\n"
+        "inter_node_bw_gbs: 1\npeak_bf16_tflops: 1\ngpu_memory_gib: 1\n"
+    )
+    r = run("plan", "cluster=mine", env={"HCP_TUNE_CONFIG_PATH": str(tmp_path)})
+    assert r.returncode == 2
+    assert "cluster profile 'mine': unknown key 'gpus_per_nodes'; valid keys are" in r.stderr
+    (tmp_path / "cluster" / "mine.yaml").write_text(
+        "device: cuda\ngpu_name: x\ngpus_per_node: many\nintra_node_bw_gbs: 1\n"
+        "inter_node_bw_gbs: 1\npeak_bf16_tflops: 1\ngpu_memory_gib: 1\n"
+    )
+    r = run("plan", "cluster=mine", env={"HCP_TUNE_CONFIG_PATH": str(tmp_path)})
+    assert "cluster profile 'mine'.gpus_per_node='many': expected an integer >= 1" in r.stderr
+
+
+def test_user_cluster_profile_is_one_yaml_file(tmp_path):
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "cluster" / "mine.yaml").write_text(
+        "device: cuda\ngpu_name: L40S\ngpus_per_node: 4\nintra_node_bw_gbs: 32\n"
+        "inter_node_bw_gbs: 25\npeak_bf16_tflops: 362\ngpu_memory_gib: 48\n"
+    )
+    r = run("plan", "cluster=mine", "cp=8", "seq=65536", "format=json",
+            env={"HCP_TUNE_CONFIG_PATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    rows = {tuple(c["sizes"]): c for c in json.loads(r.stdout)["candidates"]}
+    assert rows[(8, 1)]["flags"] and not rows[(4, 2)]["flags"]
+
+
+def test_unknown_command():
+    r = run("tune")
+    assert r.returncode == 2 and "unknown command 'tune'" in r.stderr
+
+
+def test_validate_exit_codes_and_fix(tmp_path):
+    good = ["model.context_parallel_size=8", "model.cp_comm_type=a2a+p2p",
+            "model.hierarchical_context_parallel_sizes=[2,4]", "model.seq_length=131072",
+            "te_version=2.9.0", "model=llama3-8b"]
+    r = run("validate", *good)
+    assert r.returncode == 0, r.stderr
+    cfg = tmp_path / "run_config.yaml"
+    cfg.write_text("model:\n  context_parallel_size: 8\n  cp_comm_type: a2a+p2p\n"
+                   "  seq_length: 131072\n")
+    r = run("validate", str(cfg), "model=llama3-8b", "cluster=dgx-h100", "format=json",
+            "te_version=2.9.0")
+    assert r.returncode == 1
+    (f,) = json.loads(r.stdout)["findings"]
+    assert f["rule"] == "silent-cp-off"
+    assert f["fix"] == '"model.hierarchical_context_parallel_sizes=[4,2]"'
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["missing.yaml"], "config=missing.yaml: no such file"),
+        ([], "validate needs a Bridge config YAML"),
+        (["cp=8"], "cp=8: validate takes a config file, Bridge overrides"),
+        (["model.context_parallel_size=x"], "model.context_parallel_size='x': expected an integer"),
+        (["model.context_parallel_size=8", "cluster=nope"], "cluster=nope: unknown cluster option"),
+    ],
+)
+def test_validate_bad_input_exit_2(args, message):
+    r = run("validate", *args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_validate_yaml_that_is_not_a_mapping(tmp_path):
+    (tmp_path / "x.yaml").write_text("just a string\n")
+    r = run("validate", str(tmp_path / "x.yaml"))
+    assert r.returncode == 2
+    assert "expected a mapping with sections such as model: and dist:, got str" in r.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "cp=8", "seq=131072"],
+    ["validate", "model.context_parallel_size=8", "model.cp_comm_type=p2p"],
+])
+def test_orchestrator_commands_do_not_import_torch(command):
+    code = (
+        "import sys; from hcp_tune.cli import main; rc = main(%r); "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert 'megatron' not in sys.modules; sys.exit(rc)" % (command,)
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr

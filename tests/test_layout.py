@@ -1,0 +1,151 @@
+"""The layout space: enumeration, the HCP rules with reasons, and Megatron-Core's groups."""
+import math
+
+import pytest
+
+from hcp_tune.cluster import ClusterProfile
+from hcp_tune.layout import Layout, enumerate_layouts, factorizations, rank_groups
+from hcp_tune.model import ModelSpec
+
+H100 = ClusterProfile(
+    name="h", device="cuda", gpu_name="x", gpus_per_node=8, intra_node_bw_gbs=450,
+    inter_node_bw_gbs=50, peak_bf16_tflops=989, gpu_memory_gib=80,
+)
+
+
+def model(heads: int, kv: int) -> ModelSpec:
+    return ModelSpec(name=f"m{heads}-{kv}", layers=2, hidden=heads * 8, ffn_hidden=64,
+                     heads=heads, kv_heads=kv, head_dim=8, vocab=64)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4, 8, 16, 32, 64])
+def test_factorizations_are_every_ordered_two_level_split(cp):
+    layouts = factorizations(cp)
+    assert [l.a2a for l in layouts] == divisors(cp)
+    assert all(l.a2a * l.p2p == cp for l in layouts)
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8, 16, 32, 64])
+def test_endpoints_run_as_baselines(cp):
+    layouts = factorizations(cp)
+    assert layouts[0] == Layout(1, cp) and layouts[0].comm_type == "p2p"
+    assert layouts[-1] == Layout(cp, 1) and layouts[-1].comm_type == "a2a"
+    assert all(l.comm_type == "a2a+p2p" for l in layouts[1:-1])
+
+
+def test_cp1_has_one_layout_without_cp():
+    (only,) = factorizations(1)
+    assert only.comm_type == "none"
+    assert only.bridge_overrides() == ["model.context_parallel_size=1"]
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4, 8, 16, 32, 64])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("heads,kv", [(32, 8), (64, 8), (32, 32), (128, 8), (8, 2), (24, 24)])
+def test_kept_iff_every_rule_holds(cp, tp, heads, kv):
+    m = model(heads, kv)
+    seq = 131072
+    for c in enumerate_layouts(m, H100, cp=cp, tp=tp, seq=seq):
+        tp_ok = heads % tp == 0 and kv % tp == 0
+        heads_ok = tp_ok and (heads // tp) % c.layout.a2a == 0 and (kv // tp) % c.layout.a2a == 0
+        assert c.kept == heads_ok, (c.layout, c.reasons)
+        assert bool(c.reasons) == (not c.kept)
+        crosses = c.layout.a2a > 1 and tp * c.layout.a2a > 8
+        assert any("crosses nodes" in f for f in c.flags) == crosses
+        assert c.groups.world_size == tp * cp
+
+
+def test_pure_a2a_needs_heads_and_kv_heads_divisible_by_cp():
+    (*_, a2a) = enumerate_layouts(model(32, 8), H100, cp=16, tp=1, seq=65536)
+    assert a2a.layout == Layout(16, 1) and not a2a.kept
+    assert "a2a size 16 must divide the per-TP-rank kv_heads: kv_heads/tp = 8/1 = 8" in a2a.reasons[0]
+    (*_, ok) = enumerate_layouts(model(32, 8), H100, cp=8, tp=1, seq=65536)
+    assert ok.layout == Layout(8, 1) and ok.kept
+
+
+def test_kv_heads_rule_counts_per_tp_rank():
+    by = {c.layout.a2a: c for c in enumerate_layouts(model(32, 8), H100, cp=8, tp=2, seq=65536)}
+    assert by[4].kept  # 8 KV heads / tp 2 = 4 per rank, a2a 4 divides it
+    assert not by[8].kept
+    assert "kv_heads/tp = 8/2 = 4" in by[8].reasons[0]
+
+
+def test_seq_not_divisible_by_two_cp_rejects_every_layout_with_the_fix():
+    cands = enumerate_layouts(model(32, 8), H100, cp=8, tp=1, seq=131000)
+    assert not any(c.kept for c in cands)
+    assert "seq 131000 is not divisible by 2*cp = 16" in cands[0].reasons[0]
+    assert "e.g. 131008 or 130992" in cands[0].reasons[0]
+    assert all(c.kept for c in enumerate_layouts(model(32, 8), H100, cp=8, tp=1, seq=131072))
+
+
+def test_tp_not_dividing_heads_is_a_reason():
+    (c, *_) = enumerate_layouts(model(24, 24), H100, cp=2, tp=16, seq=4096)
+    assert "tp=16 must divide heads (24)" in c.reasons[0]
+
+
+def test_cross_node_a2a_is_flagged_or_dropped():
+    kept = {c.layout.a2a: c for c in enumerate_layouts(model(64, 16), H100, cp=16, tp=1, seq=65536)}
+    assert kept[16].kept and "tp*a2a = 1*16 = 16 > 8" in kept[16].flags[0]
+    assert kept[8].kept and not kept[8].flags  # 8 ranks fit one node exactly
+    dropped = {
+        c.layout.a2a: c
+        for c in enumerate_layouts(model(64, 16), H100, cp=16, tp=1, seq=65536,
+                                   drop_cross_node_a2a=True)
+    }
+    assert not dropped[16].kept and "drop_cross_node_a2a=true" in dropped[16].reasons[0]
+    assert dropped[8].kept
+
+
+def g(*groups):
+    return tuple(tuple(x) for x in groups)
+
+
+# hcp-facts.md section 2, worked examples (global ranks)
+@pytest.mark.parametrize(
+    "tp,cp,dp,sizes,cp_groups,a2a,p2p",
+    [
+        (1, 8, 1, (2, 4), g(range(8)), g((0, 1), (2, 3), (4, 5), (6, 7)),
+         g((0, 2, 4, 6), (1, 3, 5, 7))),
+        (1, 8, 1, (4, 2), g(range(8)), g((0, 1, 2, 3), (4, 5, 6, 7)),
+         g((0, 4), (1, 5), (2, 6), (3, 7))),
+        (2, 8, 1, (2, 4), g(range(0, 16, 2), range(1, 16, 2)),
+         g((0, 2), (4, 6), (8, 10), (12, 14), (1, 3), (5, 7), (9, 11), (13, 15)),
+         g((0, 4, 8, 12), (2, 6, 10, 14), (1, 5, 9, 13), (3, 7, 11, 15))),
+        (1, 4, 2, (2, 2), g(range(4), range(4, 8)), g((0, 1), (2, 3), (4, 5), (6, 7)),
+         g((0, 2), (1, 3), (4, 6), (5, 7))),
+        (1, 16, 1, (8, 2), g(range(16)), g(range(8), range(8, 16)),
+         g(*[(i, i + 8) for i in range(8)])),
+    ],
+)
+def test_rank_groups_match_megatron_core_worked_examples(tp, cp, dp, sizes, cp_groups, a2a, p2p):
+    groups = rank_groups(Layout(*sizes), tp=tp, dp=dp, gpus_per_node=8)
+    assert set(groups.cp) == set(cp_groups)
+    assert set(groups.a2a) == set(a2a)
+    assert set(groups.p2p) == set(p2p)
+
+
+@pytest.mark.parametrize("tp,cp", [(1, 8), (2, 8), (4, 16), (8, 64)])
+def test_every_rank_is_in_exactly_one_group_per_level(tp, cp):
+    for layout in factorizations(cp):
+        groups = rank_groups(layout, tp=tp, gpus_per_node=8)
+        for level, size in (("a2a", layout.a2a), ("p2p", layout.p2p)):
+            members = [r for grp in getattr(groups, level) for r in grp]
+            assert sorted(members) == list(range(tp * cp))
+            assert {len(grp) for grp in getattr(groups, level)} == {size}
+
+
+def test_placement_says_which_level_crosses_nodes():
+    # tp=1 cp=16 [8,2] on 8-GPU nodes: a2a inside a node, the ring crosses
+    groups = rank_groups(Layout(8, 2), tp=1, gpus_per_node=8)
+    assert not groups.a2a_crosses_nodes and groups.p2p_crosses_nodes
+    assert groups.nodes == 2
+    groups = rank_groups(Layout(2, 8), tp=2, gpus_per_node=8)
+    assert not groups.a2a_crosses_nodes and groups.p2p_crosses_nodes
+    single = rank_groups(Layout(2, 4), tp=1, gpus_per_node=8)
+    assert not single.a2a_crosses_nodes and not single.p2p_crosses_nodes
+    assert single.nodes == 1
+    assert math.prod(Layout(2, 4).sizes) == 8
