@@ -10,7 +10,9 @@ import json
 import sys
 from typing import Callable
 
-from hcp_tune.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, ConfigError, HcpError
+from hcp_tune.errors import (
+    EXIT_FINDINGS, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ConfigError, HcpError,
+)
 
 USAGE = """\
 usage: python -m hcp_tune COMMAND [key=value ...]
@@ -93,9 +95,63 @@ def cmd_validate(args: list[str]) -> int:
     return EXIT_FINDINGS if any(f.severity == "error" for f in findings) else EXIT_OK
 
 
+def cmd_sweep(args: list[str]) -> int:
+    from hcp_tune import config, sweep, ui
+
+    cfg = config.load(args)
+    summary = sweep.Sweeper(cfg, ui.SweepReporter()).run()
+    done = ", ".join(f"{v} {k}" for k, v in sorted(summary.by_status.items())) or "nothing new"
+    print(f"sweep: stored {summary.stored} trial(s) ({done}); results in {cfg.results_dir}/")
+    keys = {(tp, seq) for tp in cfg.tps for seq in cfg.seqs}
+    recs = [r for r in summary.recommendations
+            if (r["tp"], r["seq"]) in keys and r["cp"] == cfg.cp
+            and r["cluster"] == cfg.cluster.name and r["model"] == cfg.model.name]
+    if recs:
+        ui.print_recommendations(recs, f"ranked: {cfg.results_dir}/recommendations.csv")
+    return EXIT_OK
+
+
+def cmd_recommend(args: list[str]) -> int:
+    from hcp_tune import config, recommend
+    from hcp_tune.store import ResultStore
+
+    cfg = config.load(args)
+    if len(cfg.seqs) != 1 or len(cfg.tps) != 1:
+        raise ConfigError("recommend answers one key: give one seq and one tp value")
+    given = {a.split("=", 1)[0] for a in args}
+    want = {"cluster": cfg.cluster.name, "model": cfg.model.name, "tp": cfg.tps[0],
+            "cp": cfg.cp, "seq": cfg.seqs[0],
+            "env_tag": cfg.env_tag if "env_tag" in given else None}
+    recs = ResultStore(cfg.results_dir).recommendations()
+    rec, near = recommend.answer(recs, want)
+    if cfg.format == "json":
+        print(json.dumps({
+            "found": rec is not None, "recommendation": rec,
+            "bridge_overrides": recommend.bridge_overrides(rec) if rec else None,
+            "python": recommend.python_form(rec) if rec else None,
+            "nearest_measured": near,
+        }, indent=2, default=str))
+    elif rec:
+        from hcp_tune import ui
+
+        ui.print_recommendation(rec, recommend.bridge_overrides(rec), recommend.python_form(rec))
+    else:
+        print(f"recommend: nothing measured for {recommend.key_text({**want, 'env_tag': want['env_tag'] or 'any'})}"
+              f" in {cfg.results_dir}/recommendations.csv")
+        if near:
+            print("nearest measured keys:")
+            for r in near:
+                print(f"  {recommend.key_text(r)} -> [{r['a2a']},{r['p2p']}]")
+        else:
+            print("nothing has been measured there yet: run `python -m hcp_tune sweep ...` first")
+    return EXIT_OK if rec else EXIT_NOT_FOUND
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "plan": cmd_plan,
     "validate": cmd_validate,
+    "sweep": cmd_sweep,
+    "recommend": cmd_recommend,
 }
 
 

@@ -6,7 +6,8 @@ piped output stays greppable. Errors go to stderr as one plain line each.
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable
+import time
+from typing import Any, Iterable, Optional
 
 from rich.console import Console
 from rich.markup import escape
@@ -72,3 +73,93 @@ def print_findings(findings: Iterable[Any], source: str) -> None:
     out.print(table)
     errors = sum(f.severity == "error" for f in findings)
     out.print(f"{errors} error(s), {len(findings) - errors} other finding(s)")
+
+
+class SweepReporter:
+    """Live view of a sweep on a terminal; one plain line per event otherwise."""
+
+    def __init__(self, live: Optional[bool] = None) -> None:
+        self.live_mode = sys.stdout.isatty() if live is None else live
+        self.rows: dict[str, list[str]] = {}
+        self.best: dict[str, str] = {}
+        self._live = None
+        self.total = 0
+
+    def start(self, total: int, summary: Any) -> None:
+        self.total = total
+        head = f"sweep: {total} trial(s) to run"
+        if summary.resumed or summary.reattached:
+            head += (f"; resumed: {summary.resumed} already stored, "
+                     f"{summary.reattached} re-attached by job id")
+        console().print(head)
+        if self.live_mode and total:
+            from rich.live import Live
+
+            self._live = Live(self._table(), console=console(), refresh_per_second=4)
+            self._live.start()
+
+    def trial(self, spec: Any, status: str, detail: str, best: Optional[dict] = None) -> None:
+        layout = f"[{spec.a2a},{spec.p2p}]"
+        key = f"tp={spec.tp} seq={spec.seq}"
+        if best:
+            self.best[key] = f"[{best['a2a']},{best['p2p']}] {best['median_s']:.4g} s"
+        self.rows[spec.trial_id] = [spec.trial_id, key, layout, status, detail]
+        if self._live is not None:
+            self._live.update(self._table())
+        else:
+            stamp = time.strftime("%H:%M:%S")
+            tail = f" (best for {key}: {self.best[key]})" if key in self.best else ""
+            print(f"[{stamp}] {spec.trial_id} {layout} {key}: {status} {detail}{tail}", flush=True)
+
+    def _table(self) -> Table:
+        counts: dict[str, int] = {}
+        for r in self.rows.values():
+            counts[r[3]] = counts.get(r[3], 0) + 1
+        title = "sweep: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        table = Table(title=escape(title), caption=escape(
+            "best so far: " + "; ".join(f"{k}: {v}" for k, v in self.best.items())))
+        for col in ("trial", "key", "[a2a,p2p]", "status", "detail"):
+            table.add_column(escape(col), overflow="fold")
+        for r in self.rows.values():
+            table.add_row(*(escape(x) for x in r))
+        return table
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+
+def _fmt(v: Any, spec: str = ".4g") -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    return format(v, spec)
+
+
+def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
+    table = Table(title=escape(title), show_lines=True)
+    for col in ("cluster", "model", "tp", "cp", "seq", "env_tag", "best", "median s",
+                "peak mem GiB", "runner-up", "margin", "tie", "vs p2p", "vs a2a", "trials"):
+        table.add_column(escape(col), overflow="fold")
+    for r in recs:
+        mem = r.get("peak_mem_bytes")
+        table.add_row(
+            r["cluster"], r["model"], str(r["tp"]), str(r["cp"]), str(r["seq"]), str(r["env_tag"]),
+            escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"), _fmt(r["median_s"]),
+            _fmt(mem / 2**30 if mem and mem == mem else None, ".3f"), escape(str(r.get("runner_up") or "-")),
+            _fmt(r.get("margin"), ".1%"), "tie" if r.get("tie") else "", _fmt(r.get("speedup_vs_p2p"), ".2f"),
+            _fmt(r.get("speedup_vs_a2a"), ".2f"), str(r["trials"]),
+        )
+    console().print(table)
+
+
+def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list[str]) -> None:
+    out = console()
+    out.print(escape(
+        f"recommend: {rec['cluster']} {rec['model']} tp={rec['tp']} cp={rec['cp']} seq={rec['seq']} "
+        f"env_tag={rec['env_tag']}: [{rec['a2a']},{rec['p2p']}] {rec['comm_type']}, "
+        f"median {_fmt(rec['median_s'])} s over {rec['trials']} trial(s)"
+        + (" (a tie with the runner-up within measured noise)" if rec.get("tie") else "")
+    ))
+    out.print("\nBridge overrides:\n  " + escape(" ".join(overrides)))
+    out.print("\nPython:\n  " + "\n  ".join(escape(p) for p in python))

@@ -1,0 +1,187 @@
+"""Measurements and recommendations under ``results/``: the one module that imports pandas.
+
+Layout of a results folder:
+
+- ``rows/<sweep-key-hash>/<trial-id>.json``: one file per finished trial, written
+  atomically the moment its result is known. This is the source of truth: a killed
+  orchestrator loses nothing that finished, and two sweeps writing the same folder never
+  touch the same file.
+- ``trials.csv`` and ``recommendations.csv``: derived tables, rebuilt from the rows under
+  an exclusive lock (``.lock``) and replaced atomically, so a reader sees the old table or
+  the new one, and concurrent sweeps serialise their rebuilds instead of interleaving.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
+
+KEY_FIELDS = ("cluster", "model", "tp", "cp", "seq", "runner", "env_tag")
+
+
+@dataclass(frozen=True)
+class SweepKey:
+    """What a recommendation is for: one measured configuration of one software stack."""
+
+    cluster: str
+    model: str
+    tp: int
+    cp: int
+    seq: int
+    runner: str
+    env_tag: str
+
+    @property
+    def name(self) -> str:
+        return "|".join(f"{k}={getattr(self, k)}" for k in KEY_FIELDS)
+
+    @property
+    def slug(self) -> str:
+        return hashlib.sha1(self.name.encode()).hexdigest()[:12]
+
+
+def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any) -> dict[str, Any]:
+    """One flat row: the key, the layout, the status and every measured statistic."""
+    return {
+        **asdict(key),
+        "trial_id": spec.trial_id,
+        "a2a": spec.a2a,
+        "p2p": spec.p2p,
+        "comm_type": spec.comm_type,
+        "status": result.status.value,
+        "failure_class": result.failure_class.value if result.failure_class else "",
+        "error": result.error or "",
+        "median_s": result.median_s,
+        "p10_s": result.p10_s,
+        "p90_s": result.p90_s,
+        "steps": len(result.step_times_s),
+        "step_times_s": json.dumps(result.step_times_s),
+        "peak_mem_bytes": result.peak_mem_bytes,
+        "tflops_per_gpu": result.tflops_per_gpu,
+        "backend": result.backend,
+        "verified": bool(result.verification.get("passed", False)),
+        "fingerprint": json.dumps(result.fingerprint, sort_keys=True),
+        "job_id": result.job_id or "",
+        "log_path": result.log_path or "",
+        **extra,
+    }
+
+
+class ResultStore:
+    """Rows in, tables out; every write atomic."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def row_path(self, key: SweepKey, trial_id: str) -> Path:
+        return self.root / "rows" / key.slug / f"{trial_id}.json"
+
+    def add(self, row: dict[str, Any], key: SweepKey) -> None:
+        """Persist one finished trial now (atomic, one file per trial)."""
+        atomic_write_text(str(self.row_path(key, row["trial_id"])), json.dumps(row, default=str))
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for path in sorted((self.root / "rows").glob("*/*.json")):
+            try:
+                out.append(json.loads(path.read_text()))
+            except (OSError, json.JSONDecodeError):
+                continue  # a foreign or damaged file must not hide the rest
+        return out
+
+    def rebuild(self) -> tuple[Path, Path]:
+        """Rewrite trials.csv and recommendations.csv from the rows, under the lock."""
+        import pandas as pd
+
+        with self._lock():
+            trials = pd.DataFrame(self.rows())
+            recs = pd.DataFrame(recommendations(trials.to_dict("records")))
+            t_path, r_path = self.root / "trials.csv", self.root / "recommendations.csv"
+            atomic_write_text(str(t_path), trials.to_csv(index=False))
+            atomic_write_text(str(r_path), recs.to_csv(index=False))
+        return t_path, r_path
+
+    def recommendations(self) -> list[dict[str, Any]]:
+        path = self.root / "recommendations.csv"
+        if not path.exists():
+            return []
+        import pandas as pd
+
+        frame = pd.read_csv(path)
+        return json.loads(frame.to_json(orient="records"))
+
+
+def _noise(row: dict[str, Any]) -> float:
+    """Relative half-spread of a trial's steps: (p90 - p10) / (2 * median)."""
+    med, lo, hi = row.get("median_s"), row.get("p10_s"), row.get("p90_s")
+    if not med or lo is None or hi is None or any(_nan(v) for v in (med, lo, hi)):
+        return 0.0
+    return (hi - lo) / (2 * med)
+
+
+def _nan(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per layout of one key, the best ok trial, fastest first (memory breaks ties)."""
+    best: dict[tuple[int, int], dict[str, Any]] = {}
+    for r in rows:
+        if r["status"] != "ok" or _nan(r.get("median_s")):
+            continue
+        k = (r["a2a"], r["p2p"])
+        if k not in best or r["median_s"] < best[k]["median_s"]:
+            best[k] = r
+    return sorted(best.values(), key=lambda r: (r["median_s"], r.get("peak_mem_bytes") or 0))
+
+
+def recommendations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One recommendation per sweep key that has at least one ranked (ok) trial."""
+    by_key: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_key.setdefault(tuple(r[k] for k in KEY_FIELDS), []).append(r)
+    out = []
+    for key, key_rows in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        ranked = rank(key_rows)
+        if not ranked:
+            continue
+        best = ranked[0]
+        second: Optional[dict[str, Any]] = ranked[1] if len(ranked) > 1 else None
+        margin = (second["median_s"] / best["median_s"] - 1) if second else None
+        noise = max(_noise(best), _noise(second)) if second else 0.0
+        base = {r["comm_type"]: r for r in ranked}
+        cp = best["cp"]
+        out.append({
+            **dict(zip(KEY_FIELDS, key)),
+            "a2a": best["a2a"],
+            "p2p": best["p2p"],
+            "comm_type": best["comm_type"],
+            "median_s": best["median_s"],
+            "peak_mem_bytes": best.get("peak_mem_bytes"),
+            "runner_up": f"[{second['a2a']},{second['p2p']}]" if second else "",
+            "runner_up_median_s": second["median_s"] if second else None,
+            "margin": margin,
+            "tie": bool(second) and margin <= noise,
+            "speedup_vs_p2p": (base["p2p"]["median_s"] / best["median_s"]) if "p2p" in base and cp > 1 else None,
+            "speedup_vs_a2a": (base["a2a"]["median_s"] / best["median_s"]) if "a2a" in base and cp > 1 else None,
+            "trials": len(key_rows),
+            "ok_trials": sum(r["status"] == "ok" for r in key_rows),
+        })
+    return out

@@ -1,0 +1,332 @@
+"""``sweep``: measure every kept layout of every sweep key and rank them.
+
+The loop: for each key (tp, seq) an optuna study (``tuner``) asks for layouts; each trial
+becomes a ``TrialSpec`` and a submitit job (``dispatch``); results come back as
+``TrialResult`` data, are stored the moment they arrive (``store``), told to the study,
+and shown live (``ui``). Up to ``array_parallelism`` trials run at once; the first batch
+goes out as one job array, later ones one by one as slots free up, so no batch waits for
+its slowest member. A running trial whose steps are clearly slower than the best so far is
+stopped (early stopping, the rule in ``should_prune``). Re-running the same command
+resumes: stored trials are not re-run and submitted ones are re-attached by job id.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hcp_tune import dispatch
+from hcp_tune.config import SweepConfig
+from hcp_tune.layout import Candidate
+from hcp_tune.plan import candidates
+from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
+from hcp_tune.store import ResultStore, SweepKey, trial_row
+
+POLL_INTERVAL_S = 1.0  # how often the orchestrator polls jobs and progress files
+MIN_STEPS_TO_PRUNE = 3  # measured steps a running trial needs before it can be judged
+PRUNE_FLOOR = 0.05  # a trial is never stopped for being less than 5% slower than the best
+
+
+def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Path) -> TrialSpec:
+    """The trial a candidate layout runs, with the ranks its groups must have."""
+    r, m = cfg.runner, cfg.model
+    return TrialSpec(
+        trial_id=trial_id, a2a=cand.layout.a2a, p2p=cand.layout.p2p, tp=cand.tp,
+        seq=cand.seq, mbs=cfg.mbs, dtype="fp32" if cfg.cluster.device == "cpu" else cfg.dtype,
+        heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim, hidden=m.hidden,
+        ffn_hidden=m.ffn_hidden, layers=m.layers, vocab=m.vocab,
+        runner=str(r.get("name", "attention")), backend=str(r.get("backend", "auto")),
+        warmup_steps=int(r.get("warmup_steps", 2)), measure_steps=int(r.get("measure_steps", 5)),
+        time_limit_s=float(r.get("time_limit_s", 600)),
+        expected_groups=cand.groups.as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
+        progress_path=str(progress_dir / f"{trial_id}.jsonl"), env_tag=cfg.env_tag,
+        inject_fault=r.get("inject_fault"),
+    )
+
+
+def read_progress(path: Optional[str]) -> list[float]:
+    """Measured step times a running trial has written so far (one JSON line per step)."""
+    if not path or not Path(path).exists():
+        return []
+    times = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the line being written right now
+        if rec.get("phase", "measure") == "measure" and "step_s" in rec:
+            times.append(float(rec["step_s"]))
+    return times
+
+
+def should_prune(steps: list[float], best: Optional[dict[str, Any]]) -> bool:
+    """Stop a trial when even its fastest measured step is slower than the best layout's
+    median by more than the best's own noise (its p10-p90 spread), and at least 5%.
+
+    Using the fastest step (not the median) makes the rule conservative: a trial with one
+    slow outlier is never stopped, only one that is slow on every step.
+    """
+    if best is None or len(steps) < MIN_STEPS_TO_PRUNE:
+        return False
+    spread = (best["p90_s"] - best["p10_s"]) / best["median_s"] if best.get("p90_s") else 0.0
+    return min(steps) > best["median_s"] * (1 + max(PRUNE_FLOOR, spread))
+
+
+def partial_result(spec: TrialSpec, status: Status, steps: list[float], error: str) -> TrialResult:
+    res = TrialResult(trial_id=spec.trial_id, status=status, error=error, step_times_s=steps)
+    if steps:
+        res.median_s = statistics.median(steps)
+    return res
+
+
+def failed_from_job(spec: TrialSpec, outcome: dispatch.JobOutcome) -> TrialResult:
+    """A job that ended without a trial result (killed, timed out, crashed on start)."""
+    text = (outcome.error or outcome.scheduler_state or "job ended without a result").lower()
+    cls = FailureClass.TIME_LIMIT if "timeout" in text or "time limit" in text else (
+        FailureClass.OOM if "out of memory" in text or "oom" in text else FailureClass.UNKNOWN)
+    res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, failure_class=cls,
+                      error=outcome.error or f"job ended: {outcome.scheduler_state or 'unknown'}")
+    res.log_path = str(outcome.stderr) if outcome.stderr else None
+    return res
+
+
+def local_payload(spec: TrialSpec, workdir: str) -> TrialResult:
+    """Local executor: one task that starts the trial's ranks as local processes."""
+    from hcp_tune.launch import run_local
+
+    return run_local(spec, workdir=workdir)
+
+
+def slurm_payload(spec: TrialSpec) -> TrialResult:
+    """SLURM executor: every task of the job is one rank of the trial."""
+    from hcp_tune.job.entry import run_trial
+
+    return run_trial(spec)
+
+
+@dataclass
+class Running:
+    key: SweepKey
+    study: Any
+    number: int
+    spec: TrialSpec
+    handle: dispatch.JobHandle
+    state: str = "pending"
+
+
+@dataclass
+class Work:
+    key: SweepKey
+    study: Any
+    cand: Candidate
+    kept: list[Candidate]
+
+
+@dataclass
+class SweepSummary:
+    stored: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    resumed: int = 0
+    reattached: int = 0
+    pruned_saved_steps: int = 0
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Sweeper:
+    """One sweep run: plans the work, keeps the slots full, stores every outcome."""
+
+    def __init__(self, cfg: SweepConfig, reporter: Any, order: Optional[dict] = None) -> None:
+        from hcp_tune import tuner
+
+        self.cfg = cfg
+        self.reporter = reporter
+        self.store = ResultStore(cfg.results_dir)
+        self.exec_cfg = dispatch.ExecutorConfig.from_mapping(
+            {"folder": str(cfg.results_dir / "jobs"), **cfg.executor}
+        )
+        self.executor_name = dispatch.resolve_executor_name(self.exec_cfg.name)
+        self.progress_dir = cfg.results_dir / "progress"
+        self.repeats = int(cfg.search.get("repeats", 1))
+        self.early_stop = bool(cfg.search.get("early_stop", True))
+        storage = cfg.search.get("storage") or str(cfg.results_dir / "optuna.journal")
+        self.storage = tuner.open_storage(storage)
+        self.order = order or {}  # (tp, seq, a2a) -> predicted seconds, best first
+        self.queue: list[Work] = []
+        self.running: list[Running] = []
+        self.summary = SweepSummary()
+        self.best: dict[str, dict[str, Any]] = {}  # key name -> best ok row
+
+    # ---------------------------------------------------------------- planning / resume
+    def key_for(self, cand: Candidate) -> SweepKey:
+        c = self.cfg
+        return SweepKey(cluster=c.cluster.name, model=c.model.name, tp=cand.tp, cp=cand.cp,
+                        seq=cand.seq, runner=str(c.runner.get("name", "attention")),
+                        env_tag=c.env_tag)
+
+    def plan(self) -> None:
+        from hcp_tune import tuner
+
+        rows = self.store.rows()
+        groups: dict[SweepKey, list[Candidate]] = {}
+        for cand in candidates(self.cfg):
+            if cand.kept:
+                groups.setdefault(self.key_for(cand), []).append(cand)
+        for key, kept in groups.items():
+            study = tuner.LayoutStudy(self.storage, key.name, [c.layout.a2a for c in kept])
+            study.abandon_unsubmitted()
+            key_rows = [r for r in rows if r.get("trial_id", "").startswith(key.slug)]
+            for r in key_rows:
+                self._note_best(key, r)
+            done = {}
+            for r in key_rows:
+                if r["status"] != Status.CANCELLED.value:
+                    done[r["a2a"]] = done.get(r["a2a"], 0) + 1
+            self.summary.resumed += sum(done.values())
+            stored_ids = {r["trial_id"] for r in key_rows}
+            for o in study.outstanding(stored_ids):
+                cand = next(c for c in kept if c.layout.a2a == o.a2a)
+                spec = spec_for(self.cfg, cand, o.trial_id, self.progress_dir)
+                handle = dispatch.attach(o.folder, o.job_id, o.executor)
+                self.running.append(Running(key, study, o.number, spec, handle))
+                done[o.a2a] = done.get(o.a2a, 0) + 1
+                self.summary.reattached += 1
+            ordered = sorted(kept, key=lambda c: self.order.get((c.tp, c.seq, c.layout.a2a), 0.0))
+            for _ in range(self.repeats):
+                for cand in ordered:
+                    if done.get(cand.layout.a2a, 0) > 0:
+                        done[cand.layout.a2a] -= 1
+                        continue
+                    self.queue.append(Work(key, study, cand, kept))
+
+    def _note_best(self, key: SweepKey, row: dict[str, Any]) -> None:
+        if row["status"] == Status.OK.value and row.get("median_s"):
+            cur = self.best.get(key.name)
+            if cur is None or row["median_s"] < cur["median_s"]:
+                self.best[key.name] = row
+
+    # ---------------------------------------------------------------- submission
+    def _executor(self, spec: TrialSpec):
+        gpn = self.cfg.cluster.gpus_per_node
+        gpus = gpn if self.cfg.cluster.device == "cuda" else 0
+        if self.executor_name == "local":
+            return dispatch.make_executor(self.exec_cfg, world_size=1, gpus_per_node=gpus or 1,
+                                          tasks_per_node=1)
+        ex = dispatch.make_executor(self.exec_cfg, world_size=spec.world_size,
+                                    gpus_per_node=gpn if gpus else max(gpn, spec.world_size))
+        if not gpus:
+            ex.update_parameters(gpus_per_node=None)
+        return ex
+
+    def _args(self, spec: TrialSpec) -> tuple:
+        if self.executor_name == "local":
+            return (local_payload, spec, str(self.cfg.results_dir / "trials" / spec.trial_id))
+        return (slurm_payload, spec)
+
+    def fill(self) -> None:
+        """Submit queued trials into free slots (the first batch as one job array)."""
+        free = self.exec_cfg.array_parallelism - len(self.running)
+        batch: list[tuple[Work, int, TrialSpec]] = []
+        while free > 0 and self.queue:
+            work = self.queue.pop(0)
+            number, trial_id = work.study.ask(work.cand.layout.a2a, work.key.slug)
+            cand = next(c for c in work.kept if c.layout.a2a == work.cand.layout.a2a)
+            spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
+            batch.append((work, number, spec))
+            free -= 1
+        if not batch:
+            return
+        same_shape = len({s.world_size for _, _, s in batch}) == 1
+        if len(batch) > 1 and same_shape:
+            ex = self._executor(batch[0][2])
+            fn = self._args(batch[0][2])[0]
+            handles = dispatch.submit_array(ex, fn, [self._args(s)[1:] for _, _, s in batch])
+        else:
+            handles = []
+            for _, _, spec in batch:
+                fn, *args = self._args(spec)
+                handles.append(dispatch.submit(self._executor(spec), fn, *args))
+        for (work, number, spec), handle in zip(batch, handles):
+            work.study.submitted(number, handle.job_id, handle.executor, str(handle.folder))
+            self.running.append(Running(work.key, work.study, number, spec, handle))
+            self.reporter.trial(spec, "submitted", f"job {handle.job_id}")
+
+    # ---------------------------------------------------------------- collection
+    def record(self, run: Running, result: TrialResult) -> None:
+        result.job_id = result.job_id or run.handle.job_id
+        if not result.log_path:
+            result.log_path = str(dispatch.job_paths(run.handle)[1])
+        row = trial_row(run.key, run.spec, result)
+        self.store.add(row, run.key)
+        values = (result.median_s, float(result.peak_mem_bytes or 0)) if result.median_s else None
+        run.study.tell(run.number, result.status, values)
+        self._note_best(run.key, row)
+        self.summary.stored += 1
+        s = result.status.value
+        self.summary.by_status[s] = self.summary.by_status.get(s, 0) + 1
+        detail = f"median {result.median_s:.4g} s" if result.median_s else (result.error or "")
+        if result.failure_class:
+            detail = f"{result.failure_class.value}: {detail}"
+        self.reporter.trial(run.spec, s, detail, best=self.best.get(run.key.name))
+
+    def poll(self) -> None:
+        outcomes = dispatch.poll_all([r.handle for r in self.running])
+        still = []
+        for run, out in zip(self.running, outcomes):
+            if out.state == dispatch.JobState.DONE and isinstance(out.result, TrialResult):
+                self.record(run, out.result)
+            elif out.finished:
+                self.record(run, failed_from_job(run.spec, out))
+            else:
+                if out.state.value != run.state:
+                    run.state = out.state.value
+                    self.reporter.trial(run.spec, run.state, f"job {run.handle.job_id}")
+                if self.early_stop and self._prune(run):
+                    continue
+                still.append(run)
+        self.running = still
+
+    def _prune(self, run: Running) -> bool:
+        steps = read_progress(run.spec.progress_path)
+        if not should_prune(steps, self.best.get(run.key.name)):
+            return False
+        dispatch.cancel([run.handle])
+        best = self.best[run.key.name]["median_s"]
+        self.summary.pruned_saved_steps += max(0, run.spec.measure_steps - len(steps))
+        self.record(run, partial_result(
+            run.spec, Status.PRUNED, steps,
+            f"stopped early: fastest of {len(steps)} steps {min(steps):.4g} s > best median "
+            f"{best:.4g} s beyond its noise",
+        ))
+        return True
+
+    def cancel_all(self) -> None:
+        """Ctrl-C: cancel every outstanding job and record it as cancelled."""
+        dispatch.cancel([r.handle for r in self.running])
+        for run in self.running:
+            steps = read_progress(run.spec.progress_path)
+            self.record(run, partial_result(run.spec, Status.CANCELLED, steps,
+                                            "cancelled by the user (Ctrl-C)"))
+        self.running = []
+
+    # ---------------------------------------------------------------- the loop
+    def run(self) -> SweepSummary:
+        self.plan()
+        self.reporter.start(len(self.queue) + len(self.running), self.summary)
+        try:
+            while self.queue or self.running:
+                self.fill()
+                self.poll()
+                if self.running:
+                    time.sleep(POLL_INTERVAL_S)  # orchestrator's polling cadence
+        except KeyboardInterrupt:
+            self.cancel_all()
+            self.store.rebuild()
+            raise
+        finally:
+            self.reporter.stop()
+        self.store.rebuild()
+        self.summary.recommendations = self.store.recommendations()
+        return self.summary

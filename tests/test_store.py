@@ -1,0 +1,82 @@
+"""Result storage: atomic rows, derived tables, ranking, ties, concurrent writers."""
+import multiprocessing as mp
+
+import pandas as pd
+import pytest
+
+from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
+from hcp_tune.store import ResultStore, SweepKey, recommendations, trial_row
+
+KEY = SweepKey("local", "tiny", 1, 4, 2048, "attention", "default")
+
+
+def row(a2a, median, spread=0.0, status=Status.OK, key=KEY, n=0, mem=1000):
+    spec = TrialSpec(trial_id=f"{key.slug}-t{n:03d}-a{a2a}", a2a=a2a, p2p=key.cp // a2a,
+                     seq=key.seq, heads=8, kv_heads=8, head_dim=8)
+    res = TrialResult(trial_id=spec.trial_id, status=status)
+    if median is not None:
+        res.median_s, res.p10_s, res.p90_s = median, median * (1 - spread), median * (1 + spread)
+        res.step_times_s = [median] * 3
+        res.peak_mem_bytes = mem
+    if status is Status.FAILED:
+        res.failure_class, res.error = FailureClass.OOM, "CUDA out of memory"
+    return trial_row(key, spec, res)
+
+
+def test_best_runner_up_margin_and_speedups():
+    rows = [row(1, 2.0, n=0), row(2, 1.0, n=1), row(4, 1.5, n=2)]
+    (rec,) = recommendations(rows)
+    assert (rec["a2a"], rec["p2p"], rec["comm_type"]) == (2, 2, "a2a+p2p")
+    assert rec["runner_up"] == "[4,1]" and rec["margin"] == pytest.approx(0.5)
+    assert rec["speedup_vs_p2p"] == pytest.approx(2.0)
+    assert rec["speedup_vs_a2a"] == pytest.approx(1.5)
+    assert rec["tie"] is False and rec["trials"] == 3
+
+
+def test_margin_within_noise_is_a_tie():
+    (rec,) = recommendations([row(2, 1.00, spread=0.05, n=0), row(4, 1.03, spread=0.05, n=1)])
+    assert rec["tie"] is True
+    (rec,) = recommendations([row(2, 1.00, spread=0.01, n=0), row(4, 1.03, spread=0.01, n=1)])
+    assert rec["tie"] is False
+
+
+def test_failed_and_invalid_trials_are_never_ranked():
+    rows = [row(1, 0.1, status=Status.INVALID, n=0), row(2, None, status=Status.FAILED, n=1),
+            row(4, 1.0, n=2)]
+    (rec,) = recommendations(rows)
+    assert rec["a2a"] == 4 and rec["trials"] == 3 and rec["ok_trials"] == 1
+    assert recommendations([row(1, 0.1, status=Status.INVALID)]) == []
+
+
+def test_rows_are_files_and_tables_are_rebuilt(tmp_path):
+    store = ResultStore(tmp_path)
+    for r in (row(1, 2.0, n=0), row(2, 1.0, n=1)):
+        store.add(r, KEY)
+    t_path, r_path = store.rebuild()
+    trials = pd.read_csv(t_path)
+    assert sorted(trials["a2a"]) == [1, 2]
+    assert store.recommendations()[0]["a2a"] == 2
+    assert not list(tmp_path.rglob(".tmp-*"))  # no temp files left behind
+
+
+def _writer(root, offset, count):
+    store = ResultStore(root)
+    key = SweepKey("local", "tiny", 1, 4, 2048 * (offset + 1), "attention", "default")
+    for i in range(count):
+        store.add(row(2, 1.0 + i / 100, key=key, n=i), key)
+        store.rebuild()
+
+
+def test_two_sweeps_writing_one_folder_corrupt_nothing(tmp_path):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), k, 15)) for k in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    ResultStore(tmp_path).rebuild()
+    trials = pd.read_csv(tmp_path / "trials.csv")
+    assert len(trials) == 30
+    recs = pd.read_csv(tmp_path / "recommendations.csv")
+    assert sorted(recs["seq"]) == [2048, 4096]
