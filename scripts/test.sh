@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The project's test command (README and .ci/run both call this).
+# The test command, shared by the README and CI (.ci/run): run from the repository root.
+# Slurm tests start the local cluster (scripts/slurm-local.sh) when it is not up, and skip
+# if it cannot come up, unless HCP_TUNE_REQUIRE_SLURM=1 (CI), which makes them fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,414 @@
+"""Dispatch: turn a call into a SLURM or local job, and a job back into data.
+
+What belongs here: the executor configuration (the Hydra ``executor`` group), building a
+submitit executor for one trial shape, submission (single jobs and arrays), re-attaching a
+job by its saved id, polling a job into a state plus its result or error *as data*,
+cancelling, and where a job's logs are. This is the only module that imports submitit.
+
+What does not: what a job runs. ``fn`` is any picklable callable (the trial runner takes a
+``TrialSpec`` and returns a ``TrialResult``); in a multi-task job every task runs it and the
+result of task 0 is the job's result. Nothing here raises because a *job* failed: a
+failure is a ``JobOutcome`` with the error's meaningful line and the log paths.
+
+Job state comes from the result files submitit writes, then from ``squeue`` (which knows a
+finished job for ``MinJobAge`` seconds), then from ``sacct`` where accounting exists.
+submitit's own watcher asks only ``sacct``, which a cluster without slurmdbd lacks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import submitit
+from submitit.core.utils import JobPaths
+
+from hcp_tune.errors import ConfigError, one_line
+
+EXECUTOR_NAMES = ("slurm", "local", "auto")
+
+
+@dataclass(kw_only=True, frozen=True)
+class ExecutorConfig:
+    """Where and how trial jobs run; built from the Hydra ``executor`` group."""
+
+    name: str = "auto"
+    """slurm | local | auto (slurm when ``sbatch`` is on PATH, else local)."""
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time_limit_min: int = 30
+    """Wall-clock limit of one trial job; past it the trial fails as timed out."""
+    gpus_per_node: Optional[int] = None
+    """GPUs to request per node; None: the cluster profile's count; 0: request none."""
+    cpus_per_task: Optional[int] = None
+    """None: the partition's default."""
+    mem_gb: Optional[float] = None
+    """None: the partition's default."""
+    exclusive: bool = False
+    """Whole nodes only: no other job shares the links a trial measures."""
+    array_parallelism: int = 4
+    """Most trials of one array running at the same time (slurm only)."""
+    extra_sbatch: dict[str, Any] = field(default_factory=dict)
+    """More ``#SBATCH`` flags, e.g. ``{reservation: bench}``; they win over the above."""
+    extra_srun: list[str] = field(default_factory=list)
+    """More arguments to the ``srun`` that starts the tasks."""
+    container_image: Optional[str] = None
+    """pyxis: becomes ``srun --container-image``."""
+    container_mounts: list[str] = field(default_factory=list)
+    """pyxis: becomes ``srun --container-mounts`` (``src:dst`` entries)."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run before the tasks start: module loads, venv activation."""
+    python: Optional[str] = None
+    """Python in the job (needs submitit); None: this interpreter's path."""
+    folder: str = "results/jobs"
+    """Root of the job folders (submission files, pickles, logs); must be shared."""
+
+    @classmethod
+    def valid_keys(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "ExecutorConfig":
+        """Build from a plain mapping; unknown keys are named with the valid ones."""
+        valid = cls.valid_keys()
+        for key in data:
+            if key not in valid:
+                raise ConfigError(
+                    f"executor.{key}: unknown key; valid keys are: {', '.join(valid)}"
+                )
+        values = dict(data)
+        for key in ("extra_srun", "container_mounts", "setup"):
+            if isinstance(values.get(key), (list, tuple)):
+                values[key] = list(values[key])
+        if values.get("extra_sbatch") is not None and isinstance(values["extra_sbatch"], Mapping):
+            values["extra_sbatch"] = dict(values["extra_sbatch"])
+        for key in ("extra_srun", "container_mounts", "setup", "extra_sbatch"):
+            if values.get(key, 0) is None:
+                values.pop(key)  # null in YAML means "none": take the empty default
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        def bad(key: str, expected: str) -> ConfigError:
+            return ConfigError(f"executor.{key}={getattr(self, key)!r}: expected {expected}")
+
+        def is_int(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if self.name not in EXECUTOR_NAMES:
+            raise bad("name", " | ".join(EXECUTOR_NAMES))
+        for key in ("partition", "account", "qos", "container_image", "python"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise bad(key, "a non-empty string or null")
+        if not is_int(self.time_limit_min) or self.time_limit_min < 1:
+            raise bad("time_limit_min", "an integer number of minutes >= 1")
+        if not is_int(self.array_parallelism) or self.array_parallelism < 1:
+            raise bad("array_parallelism", "an integer >= 1")
+        for key in ("gpus_per_node", "cpus_per_task"):
+            value = getattr(self, key)
+            if value is not None and (not is_int(value) or value < (0 if key == "gpus_per_node" else 1)):
+                raise bad(key, "null or an integer >= " + ("0" if key == "gpus_per_node" else "1"))
+        if self.mem_gb is not None and (
+            isinstance(self.mem_gb, bool) or not isinstance(self.mem_gb, (int, float)) or self.mem_gb <= 0
+        ):
+            raise bad("mem_gb", "null or a number of GiB > 0")
+        if not isinstance(self.exclusive, bool):
+            raise bad("exclusive", "true or false")
+        if not isinstance(self.extra_sbatch, dict) or not all(
+            isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in self.extra_sbatch.items()
+        ):
+            raise bad("extra_sbatch", "a mapping of sbatch flag names to scalar values, e.g. {reservation: bench}")
+        for key in ("extra_srun", "container_mounts", "setup"):
+            value = getattr(self, key)
+            if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+                raise bad(key, "a list of strings")
+        if not isinstance(self.folder, str) or not self.folder.strip():
+            raise bad("folder", "a non-empty path")
+
+
+def resolve_executor_name(name: str) -> str:
+    """``auto`` becomes ``slurm`` when ``sbatch`` is on PATH, else ``local``."""
+    if name not in EXECUTOR_NAMES:
+        raise ConfigError(f"executor.name={name!r}: expected {' | '.join(EXECUTOR_NAMES)}")
+    if name != "auto":
+        return name
+    return "slurm" if shutil.which("sbatch") else "local"
+
+
+def make_executor(
+    cfg: ExecutorConfig,
+    *,
+    world_size: int,
+    gpus_per_node: int,
+    folder: Optional[str | Path] = None,
+    tasks_per_node: Optional[int] = None,
+) -> submitit.core.core.Executor:
+    """A submitit executor for jobs of ``world_size`` ranks on nodes of ``gpus_per_node`` GPUs.
+
+    SLURM: ``ceil(world_size / gpus_per_node)`` nodes of ``min(world_size, gpus_per_node)``
+    tasks. Local: one node; ``tasks_per_node`` defaults to ``world_size`` (one process per
+    rank, as on SLURM); pass 1 when the payload starts its own processes.
+    """
+    if world_size < 1:
+        raise ConfigError(f"world_size={world_size}: expected an integer >= 1")
+    if gpus_per_node < 0:
+        raise ConfigError(f"gpus_per_node={gpus_per_node}: expected an integer >= 0")
+    name = resolve_executor_name(cfg.name)
+    root = Path(folder if folder is not None else cfg.folder)
+    job_folder = root / "%j"
+    signal_delay_s = min(90, max(10, cfg.time_limit_min * 60 // 5))  # USR2 before the limit
+    per_node = gpus_per_node if gpus_per_node > 0 else world_size
+    if name == "local":
+        if world_size > per_node:
+            raise ConfigError(
+                f"world_size={world_size} > gpus_per_node={gpus_per_node}: the local executor runs"
+                " one node; use executor=slurm or a smaller layout"
+            )
+        ex = submitit.LocalExecutor(folder=job_folder, python=cfg.python)
+        ex.update_parameters(
+            timeout_min=cfg.time_limit_min,
+            tasks_per_node=tasks_per_node or world_size,
+            gpus_per_node=gpus_per_node if cfg.gpus_per_node is None else cfg.gpus_per_node,
+            signal_delay_s=signal_delay_s,
+            setup=list(cfg.setup),
+        )
+        return ex
+    if world_size > per_node and world_size % per_node:
+        raise ConfigError(
+            f"world_size={world_size} is not a multiple of gpus_per_node={gpus_per_node}:"
+            " a multi-node trial fills whole nodes"
+        )
+    try:
+        ex = submitit.SlurmExecutor(folder=job_folder, python=cfg.python)
+    except RuntimeError as err:  # submitit: srun not found
+        raise ConfigError(
+            f"executor.name={cfg.name!r}: srun is not on PATH ({one_line(err)}); use executor=local,"
+            " or start a local cluster with scripts/slurm-local.sh start"
+        ) from None
+    srun_args = list(cfg.extra_srun)
+    if cfg.container_image:
+        srun_args.append(f"--container-image={cfg.container_image}")
+    if cfg.container_mounts:
+        srun_args.append(f"--container-mounts={','.join(cfg.container_mounts)}")
+    params: dict[str, Any] = dict(
+        job_name="hcp-tune",
+        time=cfg.time_limit_min,
+        nodes=math.ceil(world_size / per_node),
+        ntasks_per_node=tasks_per_node or min(world_size, per_node),
+        signal_delay_s=signal_delay_s,
+        array_parallelism=cfg.array_parallelism,
+        setup=list(cfg.setup),
+        srun_args=srun_args,
+        additional_parameters=dict(cfg.extra_sbatch),
+    )
+    gpus = gpus_per_node if cfg.gpus_per_node is None else cfg.gpus_per_node
+    if gpus:
+        params["gpus_per_node"] = gpus
+    optional = dict(partition=cfg.partition, account=cfg.account, qos=cfg.qos, cpus_per_task=cfg.cpus_per_task)
+    params.update({k: v for k, v in optional.items() if v is not None})
+    if cfg.mem_gb is not None:
+        params["mem"] = f"{int(cfg.mem_gb)}GB" if cfg.mem_gb == int(cfg.mem_gb) else f"{int(cfg.mem_gb * 1024)}MB"
+    if cfg.exclusive:
+        params["exclusive"] = True
+    ex.update_parameters(**params)
+    return ex
+
+
+# ----------------------------------------------------------------------------- job handles
+
+
+class JobState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(kw_only=True)
+class JobHandle:
+    """A submitted job; ``job_id``, ``executor`` and ``folder`` are what to save to re-attach."""
+
+    job_id: str
+    executor: str  # slurm | local
+    folder: Path  # the job folder root (``%j`` not yet replaced)
+    job: Any = field(repr=False)  # the submitit Job
+
+
+@dataclass(kw_only=True)
+class JobOutcome:
+    """What ``poll`` found: a state and, when finished, the result or the error as data."""
+
+    state: JobState
+    result: Any = None
+    error: Optional[str] = None  # the meaningful line, e.g. "ValueError: boom"
+    exception: Optional[BaseException] = None  # submitit's error with the full trace
+    scheduler_state: str = ""  # e.g. squeue's RUNNING, CANCELLED, TIMEOUT
+    stdout: Optional[Path] = None
+    stderr: Optional[Path] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+def _handle(job: Any, executor: str, folder: Path) -> JobHandle:
+    return JobHandle(job_id=str(job.job_id), executor=executor, folder=Path(folder), job=job)
+
+
+def _executor_kind(executor: Any) -> str:
+    return "local" if isinstance(executor, submitit.LocalExecutor) else "slurm"
+
+
+def submit(executor: Any, fn: Callable[..., Any], *args: Any) -> JobHandle:
+    """Submit one job running ``fn(*args)``."""
+    job = executor.submit(fn, *args)
+    return _handle(job, _executor_kind(executor), executor.folder)
+
+
+def submit_array(executor: Any, fn: Callable[..., Any], args_list: Sequence[Sequence[Any]]) -> list[JobHandle]:
+    """Submit ``fn(*args)`` for each entry; on SLURM one job array (``array_parallelism``)."""
+    jobs = []
+    with executor.batch():
+        for args in args_list:
+            jobs.append(executor.submit(fn, *args))
+    return [_handle(job, _executor_kind(executor), executor.folder) for job in jobs]
+
+
+def attach(folder: str | Path, job_id: str, executor_name: str) -> JobHandle:
+    """A handle on a job submitted earlier (by another process), from its saved id."""
+    name = resolve_executor_name(executor_name)
+    cls = submitit.LocalJob if name == "local" else submitit.SlurmJob
+    return _handle(cls(folder=Path(folder), job_id=str(job_id)), name, Path(folder))
+
+
+def job_paths(handle: JobHandle) -> tuple[Path, Path]:
+    """(stdout, stderr) of task 0: where a failed trial's row points."""
+    paths = JobPaths(handle.folder, job_id=handle.job_id, task_id=0)
+    return paths.stdout, paths.stderr
+
+
+def _cancel_marker(handle: JobHandle) -> Path:
+    return JobPaths(handle.folder, job_id=handle.job_id).folder / f"{handle.job_id}_cancelled"
+
+
+def cancel(handles: Sequence[JobHandle]) -> None:
+    """Cancel jobs; never raises for a job that already ended."""
+    slurm_ids = [h.job_id for h in handles if h.executor == "slurm"]
+    for h in handles:
+        marker = _cancel_marker(h)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()  # lets a re-attached handle tell "cancelled" from "died"
+        if h.executor == "local":
+            h.job.cancel(check=False)
+    if slurm_ids:
+        subprocess.run(["scancel", *slurm_ids], capture_output=True, check=False)
+
+
+_PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
+_RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED", "UNREACHABLE"}
+
+
+def _scheduler_states(ids: Sequence[str]) -> dict[str, str]:
+    """SLURM state per job id (array tasks as ``<array>_<index>``); absent if unknown."""
+    states: dict[str, str] = {}
+
+    def ask(cmd: list[str], some: Sequence[str]) -> None:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if out.returncode == 0:
+            for line in out.stdout.splitlines():
+                jid, _, state = line.strip().partition("|")
+                if jid in ids and state:
+                    states.setdefault(jid, state.split()[0])
+        elif cmd[0] == "squeue" and "invalid job id" not in out.stderr.lower() and len(some) == 1:
+            states.setdefault(some[0], "UNREACHABLE")  # controller did not answer: not an ending
+
+    def ask_squeue(some: Sequence[str]) -> None:
+        ask(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(some)], some)
+
+    ask_squeue(ids)
+    if len(states) < len(ids) and len(ids) > 1:  # squeue fails whole when one id was purged
+        for jid in ids:
+            if jid not in states:
+                ask_squeue([jid])
+    missing = [j for j in ids if j not in states]
+    if missing and shutil.which("sacct"):
+        ask(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(missing)], missing)
+    return states
+
+
+def _local_state(handle: JobHandle) -> str:
+    process = getattr(handle.job, "_process", None)
+    if process is not None:
+        return "RUNNING" if process.poll() is None else "ENDED"
+    try:  # re-attached: the job id is the controller's pid
+        with open(f"/proc/{int(handle.job_id)}/stat") as f:
+            return "ENDED" if f.read().rsplit(")", 1)[1].split()[0] in "ZX" else "RUNNING"
+    except (OSError, ValueError, IndexError):
+        return "ENDED"
+
+
+def _error_line(trace: str) -> str:
+    """The line naming the exception in a traceback (``ValueError: boom``)."""
+    lines = [ln.strip() for ln in trace.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if not ln.startswith(("File ", "^", "~", "During handling", "The above exception", "Traceback")):
+            return ln
+    return lines[-1] if lines else "no traceback"
+
+
+def _outcome_from_files(handle: JobHandle) -> Optional[JobOutcome]:
+    """The outcome recorded by the job's tasks, or None while task 0 wrote nothing."""
+    out, err = job_paths(handle)
+    task0 = handle.job.task(0) if handle.job.num_tasks > 1 else handle.job
+    if not task0.paths.result_pickle.exists():
+        return None
+    outcome, value = submitit.core.utils.pickle_load(task0.paths.result_pickle)
+    if outcome == "success":
+        return JobOutcome(state=JobState.DONE, result=value, stdout=out, stderr=err)
+    exc = task0.exception()  # returned, not raised: it carries the trace and the log paths
+    return JobOutcome(
+        state=JobState.FAILED, error=one_line(_error_line(str(value))), exception=exc, stdout=out, stderr=err
+    )
+
+
+def poll_all(handles: Sequence[JobHandle]) -> list[JobOutcome]:
+    """Outcomes of several jobs with one scheduler query."""
+    found = [_outcome_from_files(h) for h in handles]
+    open_slurm = [h.job_id for h, o in zip(handles, found) if o is None and h.executor == "slurm"]
+    sched = _scheduler_states(open_slurm) if open_slurm else {}
+    outcomes = []
+    for h, o in zip(handles, found):
+        if o is not None:
+            outcomes.append(o)
+            continue
+        state = sched.get(h.job_id, "UNKNOWN") if h.executor == "slurm" else _local_state(h)
+        out, err = job_paths(h)
+        if state in _PENDING:
+            outcomes.append(JobOutcome(state=JobState.PENDING, scheduler_state=state, stdout=out, stderr=err))
+        elif state in _RUNNING:
+            outcomes.append(JobOutcome(state=JobState.RUNNING, scheduler_state=state, stdout=out, stderr=err))
+        else:  # ended without a result (or ended just now: look once more)
+            late = _outcome_from_files(h)
+            if late is not None:
+                outcomes.append(late)
+            elif state == "CANCELLED" or _cancel_marker(h).exists():
+                outcomes.append(JobOutcome(state=JobState.CANCELLED, scheduler_state=state, stdout=out, stderr=err))
+            else:
+                msg = f"job {h.job_id} ended ({state}) without a result; logs: {err}"
+                outcomes.append(
+                    JobOutcome(state=JobState.FAILED, error=msg, scheduler_state=state, stdout=out, stderr=err)
+                )
+    return outcomes
+
+
+def poll(handle: JobHandle) -> JobOutcome:
+    """The job's state now, with its result or its error (never raised)."""
+    return poll_all([handle])[0]
