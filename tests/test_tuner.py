@@ -1,0 +1,68 @@
+"""The optuna study per sweep key and the early-stopping rule."""
+import pytest
+
+from hcp_tune.spec import Status
+from hcp_tune.sweep import read_progress, should_prune
+from hcp_tune.tuner import LayoutStudy, open_storage
+
+
+def test_study_resumes_from_the_journal_file(tmp_path):
+    storage = open_storage(str(tmp_path / "optuna.journal"))
+    study = LayoutStudy(storage, "k", [1, 2, 4])
+    n1, id1 = study.ask(2, "slug")
+    assert id1 == f"slug-t{n1:03d}-a2"
+    study.submitted(n1, "123", "slurm", "/jobs")
+    n2, _ = study.ask(4, "slug")  # asked, never submitted: the orchestrator died here
+    # a new orchestrator process opens the same journal
+    again = LayoutStudy(open_storage(str(tmp_path / "optuna.journal")), "k", [1, 2, 4])
+    (o,) = again.outstanding(stored_ids=set())
+    assert (o.number, o.a2a, o.job_id, o.executor) == (n1, 2, "123", "slurm")
+    assert again.outstanding(stored_ids={id1}) == []
+    again.abandon_unsubmitted()
+    states = {t.number: t.state.name for t in again.study.get_trials()}
+    assert states[n2] == "FAIL" and states[n1] == "RUNNING"
+
+
+def test_tell_maps_statuses_to_optuna_states(tmp_path):
+    study = LayoutStudy(open_storage(str(tmp_path / "j")), "k", [1, 2])
+    a, _ = study.ask(1, "s")
+    b, _ = study.ask(2, "s")
+    study.tell(a, Status.OK, (1.5, 100.0))
+    study.tell(b, Status.PRUNED, None)
+    trials = {t.number: t for t in study.study.get_trials()}
+    assert trials[a].values == [1.5, 100.0] and trials[b].state.name == "PRUNED"
+    assert study.pareto_a2a() == {1}
+
+
+def test_rdb_url_storage_is_accepted(tmp_path):
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = LayoutStudy(open_storage(url), "k", [1, 2])
+    n, _ = study.ask(1, "s")
+    study.tell(n, Status.FAILED, None)
+    assert study.study.get_trials()[0].state.name == "FAIL"
+
+
+BEST = {"median_s": 1.0, "p10_s": 0.98, "p90_s": 1.02}
+
+
+@pytest.mark.parametrize(
+    "steps,best,prune",
+    [
+        ([1.2, 1.3, 1.25], BEST, True),  # every step 20% slower than the best's median
+        ([1.2, 1.3], BEST, False),  # too few steps to judge
+        ([1.2, 1.04, 1.3], BEST, False),  # its fastest step is within 5% of the best
+        ([1.2, 1.3, 1.25], None, False),  # nothing to compare with yet
+        ([1.25, 1.3, 1.26], {"median_s": 1.0, "p10_s": 0.9, "p90_s": 1.1}, True),
+        ([1.2, 1.3, 1.25], {"median_s": 1.0, "p10_s": 0.7, "p90_s": 1.5}, False),  # noisy best
+    ],
+)
+def test_early_stopping_rule(steps, best, prune):
+    assert should_prune(steps, best) is prune
+
+
+def test_progress_lines_skip_warmup_and_a_half_written_line(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"phase": "warmup", "step_s": 9}\n{"phase": "measure", "step_s": 1.5}\n'
+                 '{"phase": "measure", "step_s": 1.25}\n{"phase": "meas')
+    assert read_progress(str(p)) == [1.5, 1.25]
+    assert read_progress(str(tmp_path / "missing")) == []
