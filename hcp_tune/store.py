@@ -124,7 +124,10 @@ class ResultStore:
             return []
         import pandas as pd
 
-        frame = pd.read_csv(path)
+        try:
+            frame = pd.read_csv(path)
+        except pd.errors.EmptyDataError:  # rebuilt while nothing was ranked yet
+            return []
         return json.loads(frame.to_json(orient="records"))
 
 

@@ -1,0 +1,150 @@
+"""`sweep` end to end through the real local SLURM cluster (and the local executor):
+measured rows, ranking, recommendation, resume after SIGKILL, Ctrl-C, failed trials."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["model=tiny", "cluster=local", "runner=attention", "runner.warmup_steps=1",
+        "runner.measure_steps=3"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def hcp(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "hcp_tune", *args], capture_output=True,
+                          text=True, cwd=REPO, env=ENV, timeout=timeout)
+
+
+def start(*args):
+    return subprocess.Popen([sys.executable, "-m", "hcp_tune", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO, env=ENV,
+                            start_new_session=True)
+
+
+def wait_for(predicate, timeout_s=300, what="condition"):
+    """Poll ``predicate`` until it holds (bounded); the sweep runs in another process."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def rows(results: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((results / "rows").glob("*/*.json"))]
+
+
+def squeue_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True)
+    return set(out.stdout.split())
+
+
+@pytest.mark.slurm
+def test_sweep_measures_ranks_and_recommends(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=4", "seq=[2048,4096]", *TINY, "executor=slurm", f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(res)
+    assert sorted((x["seq"], x["a2a"], x["p2p"]) for x in got) == [
+        (s, a, 4 // a) for s in (2048, 4096) for a in (1, 2, 4)]
+    assert {x["status"] for x in got} == {"ok"}, [x["error"] for x in got]
+    assert all(x["verified"] for x in got)
+    assert all(x["job_id"] and x["steps"] == 3 for x in got)
+    recs = pd.read_csv(res / "recommendations.csv")
+    assert sorted(recs["seq"]) == [2048, 4096]
+    for rec in recs.to_dict("records"):
+        key_rows = [x for x in got if x["seq"] == rec["seq"]]
+        fastest = min(key_rows, key=lambda x: x["median_s"])
+        assert (rec["a2a"], rec["p2p"]) == (fastest["a2a"], fastest["p2p"])
+        assert rec["trials"] == 3
+    assert "ranked:" in r.stdout
+    # recommend answers from what was stored
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=4", "seq=2048", f"results_dir={res}",
+            "format=json")
+    assert r.returncode == 0, r.stderr
+    ans = json.loads(r.stdout)
+    assert ans["found"] and ans["bridge_overrides"][0] == "model.context_parallel_size=4"
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=4", "seq=8192", f"results_dir={res}")
+    assert r.returncode == 3
+    assert "nothing measured for" in r.stdout and "seq=2048" in r.stdout
+    # running it again measures nothing new
+    r = hcp("sweep", "cp=4", "seq=[2048,4096]", *TINY, "executor=slurm", f"results_dir={res}")
+    assert r.returncode == 0 and "0 trial(s) to run" in r.stdout
+    assert len(rows(res)) == 6
+
+
+@pytest.mark.slurm
+def test_killed_sweep_resumes_without_losing_or_rerunning(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    args = ["sweep", "cp=4", "seq=2048", *TINY, "executor=slurm", "executor.array_parallelism=1",
+            f"results_dir={res}"]
+    proc = start(*args)
+    wait_for(lambda: len(rows(res)) >= 1, what="the first stored trial")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    first = {x["trial_id"]: x for x in rows(res)}
+    r = hcp(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resumed:" in r.stdout
+    after = {x["trial_id"]: x for x in rows(res)}
+    for tid, row in first.items():
+        assert after[tid] == row  # nothing measured was lost or re-measured
+    assert sorted((x["a2a"], x["status"]) for x in after.values()) == [
+        (1, "ok"), (2, "ok"), (4, "ok")]
+
+
+@pytest.mark.slurm
+def test_ctrl_c_cancels_outstanding_jobs(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    proc = start("sweep", "cp=2", "seq=1024", *TINY, "runner.measure_steps=100000",
+                 "executor=slurm", f"results_dir={res}")
+    journal = res / "optuna.journal"
+    wait_for(lambda: journal.exists() and "job_id" in journal.read_text(), what="a submitted job")
+    before = squeue_ids()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    got = rows(res)
+    assert got and {x["status"] for x in got} == {"cancelled"}
+    assert not ({x["job_id"] for x in got} & squeue_ids() & before)
+
+
+@pytest.mark.slurm
+def test_failing_trial_is_recorded_with_its_class_and_the_sweep_completes(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "runner.inject_fault=raise", "executor=slurm",
+            f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(res)
+    assert len(got) == 2 and {x["status"] for x in got} == {"failed"}
+    assert all(x["failure_class"] and x["error"] for x in got)
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=1024", f"results_dir={res}")
+    assert r.returncode == 3
+
+
+def test_sweep_through_the_local_executor(tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "executor=local", f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(res)
+    assert sorted((x["a2a"], x["status"]) for x in got) == [(1, "ok"), (2, "ok")]
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=1024", f"results_dir={res}")
+    assert r.returncode == 0 and "model.cp_comm_type=" in r.stdout
+
+
+def test_planted_cp_off_is_never_ranked(tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "runner.inject_fault=cp_off", "executor=local",
+            f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {x["status"] for x in rows(res)} == {"invalid"}
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=1024", f"results_dir={res}")
+    assert r.returncode == 3
