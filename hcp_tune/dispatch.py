@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -84,10 +83,10 @@ class ExecutorConfig:
                     f"executor.{key}: unknown key; valid keys are: {', '.join(valid)}"
                 )
         values = dict(data)
-        for key in ("extra_srun", "container_mounts", "setup"):
-            if isinstance(values.get(key), (list, tuple)):
+        for key in ("extra_srun", "container_mounts", "setup"):  # also OmegaConf's ListConfig
+            if isinstance(values.get(key), Sequence) and not isinstance(values[key], str):
                 values[key] = list(values[key])
-        if values.get("extra_sbatch") is not None and isinstance(values["extra_sbatch"], Mapping):
+        if isinstance(values.get("extra_sbatch"), Mapping):  # also OmegaConf's DictConfig
             values["extra_sbatch"] = dict(values["extra_sbatch"])
         for key in ("extra_srun", "container_mounts", "setup", "extra_sbatch"):
             if values.get(key, 0) is None:

@@ -225,3 +225,23 @@ def test_slurm_multi_task_job_runs_fn_on_every_rank(slurm_cluster, tmp_path):
     assert (out.result["global_rank"], out.result["num_tasks"]) == (0, 2)  # task 0's result
     ranks = [handle.job.task(t).result()["global_rank"] for t in range(2)]
     assert ranks == [0, 1]
+
+
+def test_local_cancel_of_a_running_job_ends_cancelled(tmp_path):
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)
+    cfg = ExecutorConfig.from_mapping({"name": "local", "time_limit_min": 2})
+    ex = dispatch.make_executor(cfg, world_size=1, gpus_per_node=0, folder=tmp_path)
+    handle = dispatch.submit(ex, payloads.block_on_fifo, str(fifo))
+    wait_for([handle], lambda o: o[0].state == JobState.RUNNING)
+    dispatch.cancel([handle])
+    (out,) = wait_for([handle], all_finished)
+    assert out.state == JobState.CANCELLED
+
+
+def test_config_from_a_hydra_node():
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.create({"name": "slurm", "setup": ["module load cuda"], "extra_sbatch": {"reservation": "b"}})
+    cfg = ExecutorConfig.from_mapping(node)
+    assert (cfg.setup, cfg.extra_sbatch) == (["module load cuda"], {"reservation": "b"})
