@@ -48,7 +48,7 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
 
 
 def read_progress(path: Optional[str]) -> list[float]:
-    """Measured step times a running trial has written so far (one JSON line per step)."""
+    """Measured step times a running trial has written so far (one JSON line per measured step: {"step", "time_s"})."""
     if not path or not Path(path).exists():
         return []
     times = []
@@ -57,8 +57,9 @@ def read_progress(path: Optional[str]) -> list[float]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # the line being written right now
-        if rec.get("phase", "measure") == "measure" and "step_s" in rec:
-            times.append(float(rec["step_s"]))
+        value = rec.get("time_s", rec.get("step_s"))
+        if rec.get("phase", "measure") == "measure" and value is not None:
+            times.append(float(value))
     return times
 
 
