@@ -64,7 +64,9 @@ class TrialSpec:
     peak_tflops: Optional[float] = None  # hardware ceiling: a faster measurement is invalid
     progress_path: Optional[str] = None  # per-step progress lines for early stopping
     env_tag: str = "default"
-    inject_fault: Optional[str] = None  # tests only: cp_off | raise | kill_rank
+    # tests only: cp_off (no CP communication: each rank attends to its own chunks) |
+    # no_groups (HCP groups never created) | raise | kill_rank (last rank exits mid-trial)
+    inject_fault: Optional[str] = None
 
     @property
     def cp(self) -> int:
@@ -96,12 +98,14 @@ class TrialResult:
     peak_mem_bytes: Optional[int] = None
     mem_note: str = ""  # what peak_mem_bytes measures on this device
     tflops_per_gpu: Optional[float] = None
+    flops_per_gpu_step: Optional[float] = None  # model FLOPs per GPU per step (job/bench.py)
     verification: dict[str, Any] = field(default_factory=dict)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     backend: str = ""
     world_size: int = 0
     log_path: Optional[str] = None
     job_id: Optional[str] = None
+    wall_s: Optional[float] = None  # the whole trial on rank 0: start-up, groups, proof, timing
 
 
 def _to_dict(obj: Any) -> dict[str, Any]:
