@@ -10,6 +10,7 @@ import dataclasses
 import enum
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -64,7 +65,9 @@ class TrialSpec:
     peak_tflops: Optional[float] = None  # hardware ceiling: a faster measurement is invalid
     progress_path: Optional[str] = None  # per-step progress lines for early stopping
     env_tag: str = "default"
-    inject_fault: Optional[str] = None  # tests only: cp_off | raise | kill_rank
+    # tests only: cp_off (no CP communication: each rank attends to its own chunks) |
+    # no_groups (HCP groups never created) | raise | kill_rank (last rank exits mid-trial)
+    inject_fault: Optional[str] = None
 
     @property
     def cp(self) -> int:
@@ -96,12 +99,14 @@ class TrialResult:
     peak_mem_bytes: Optional[int] = None
     mem_note: str = ""  # what peak_mem_bytes measures on this device
     tflops_per_gpu: Optional[float] = None
+    flops_per_gpu_step: Optional[float] = None  # model FLOPs per GPU per step (job/bench.py)
     verification: dict[str, Any] = field(default_factory=dict)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     backend: str = ""
     world_size: int = 0
     log_path: Optional[str] = None
     job_id: Optional[str] = None
+    wall_s: Optional[float] = None  # the whole trial on rank 0: start-up, groups, proof, timing
 
 
 def _to_dict(obj: Any) -> dict[str, Any]:
@@ -152,3 +157,46 @@ def atomic_write_text(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+# ---------------------------------------------------------------- failure text
+# Both sides classify failures from text: the job from an exception, the launcher from a
+# rank's log when that rank died before writing its result.
+
+_OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "cannot allocate memory")
+_COMM_MARKERS = (
+    "connection closed", "connection reset", "connection refused", "broken pipe",
+    "timed out", "timeout", "distbackenderror", "distnetworkerror", "nccl error",
+    "ncclremoteerror", "ncclsystemerror", "peer", "gloo", "socket", "watchdog",
+)
+_ENV_MARKERS = (
+    "modulenotfounderror", "importerror", "no cuda", "cuda is not available",
+    "found no nvidia driver", "transformer_engine", "older than",
+)
+
+
+_SOURCE_LOCATION = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp|cu):\d+\]\s*")
+
+
+def first_error_line(text: str, limit: int = 300) -> str:
+    """The first meaningful line of an error: no traceback frames, no blank lines, no C++
+    source locations (``[.../pair.cc:537]``)."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith(("Traceback", "File ", "^", "~")):
+            continue
+        return _SOURCE_LOCATION.sub("", ln)[:limit]
+    return (lines[0] if lines else "unknown error")[:limit]
+
+
+def classify_error_text(text: str) -> FailureClass:
+    low = str(text).lower()
+    if any(m in low for m in _OOM_MARKERS):
+        return FailureClass.OOM
+    if "time limit" in low:
+        return FailureClass.TIME_LIMIT
+    if any(m in low for m in _ENV_MARKERS):
+        return FailureClass.ENVIRONMENT
+    if any(m in low for m in _COMM_MARKERS):
+        return FailureClass.COMM
+    return FailureClass.UNKNOWN

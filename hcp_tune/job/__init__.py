@@ -1,0 +1,15 @@
+"""The job side: what runs on every rank of a trial (docs/DESIGN section 2).
+
+Modules here import only the standard library, torch, megatron.core, transformer_engine
+(lazily, on the TE path), submitit (lazily, only to read a SLURM job's environment),
+``hcp_tune.spec`` and each other. Never hydra, optuna, pandas or rich; a test imports
+every module with those blocked. This file imports nothing.
+
+  dist.py           where rank/world/master come from; process group with a timeout
+  groups.py         Megatron-Core's CP/HCP groups: create, read back, compare, destroy
+  ref_attention.py  pure-torch a2a+p2p causal attention with its backward (CPU/fp32)
+  te_attention.py   Transformer Engine's DotProductAttention on the same groups (CUDA)
+  verify.py         the proof that CP is active: CP result == single-process attention
+  bench.py          timing, FLOPs, peak memory
+  entry.py          run_trial(spec) on every rank; ``python -m hcp_tune.job.entry``
+"""

@@ -1,0 +1,122 @@
+"""Timing, FLOPs and peak memory of the attention step.
+
+FLOPs convention (causal self-attention, one layer, forward + backward):
+
+- forward  = 4 * mbs * seq^2 * heads * head_dim / 2: two matmuls (QK^T and PV) of
+  2 * seq^2 * head_dim FLOPs per head, halved by the causal mask;
+- backward = 2.5 * forward (the FlashAttention papers' convention: 5 matmuls, one of them
+  recomputing QK^T, counted as 2.5x the forward);
+- per GPU = total / (cp * tp): CP splits the sequence work, TP the heads.
+
+So a step's model FLOPs are 3.5 * forward. Softmax and elementwise work are not counted,
+as usual; the achieved rate is model FLOPs per GPU divided by the median step time.
+
+Timing: warm-up steps are discarded (allocator, communicators, kernel selection). Before
+each step all ranks meet in a tiny all-reduce that also carries the stop flag (rank 0's
+time limit), so every rank agrees when to stop; it sits outside the timed region. Each
+step is timed with device synchronisation (CUDA events on GPU, perf_counter on CPU); the
+step time is the slowest rank's, taken with one all-reduce(MAX) at the end.
+
+Memory: on CUDA ``torch.cuda.max_memory_allocated`` over the measured steps (bytes, this
+rank; the maximum over ranks is reported). On CPU the growth of the process's peak resident
+set size (``ru_maxrss``) from before warm-up to the end, maximum over ranks: it includes the
+allocator's caching and is 0 when the steps fit in memory the process had already touched.
+"""
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+BACKWARD_FACTOR = 2.5  # FlashAttention convention (Dao et al. 2022/2023)
+
+
+def attention_flops(*, seq: int, heads: int, head_dim: int, mbs: int = 1) -> dict[str, float]:
+    """Model FLOPs of one causal attention layer for the whole sequence (all GPUs)."""
+    fwd = 4.0 * mbs * seq * seq * heads * head_dim / 2.0
+    bwd = BACKWARD_FACTOR * fwd
+    return {"forward": fwd, "backward": bwd, "total": fwd + bwd}
+
+
+def flops_per_gpu(spec) -> float:
+    total = attention_flops(seq=spec.seq, heads=spec.heads, head_dim=spec.head_dim, mbs=spec.mbs)
+    return total["total"] / (spec.cp * spec.tp)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
+    if not values:
+        raise ValueError("percentile of no values")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(times: list[float]) -> dict[str, float]:
+    return {"median_s": percentile(times, 50), "p10_s": percentile(times, 10),
+            "p90_s": percentile(times, 90), "steps": len(times)}
+
+
+@dataclass
+class Timing:
+    step_times_s: list[float]
+    peak_mem_bytes: int
+    mem_note: str
+
+
+def _rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+class TimeLimitReached(RuntimeError):
+    pass
+
+
+def time_steps(step: Callable[[int], None], *, warmup: int, measure: int, device,
+               should_stop: Callable[[], bool], on_step: Callable[[int, float], None] = None
+               ) -> Timing:
+    """Run warm-up + measured steps; ``step(i)`` runs one forward+backward (i counts all)."""
+    cuda = device.type == "cuda"
+    rss0 = _rss_bytes()
+    times = []
+    flag = torch.zeros(1, device=device)
+    for i in range(warmup + measure):
+        flag.fill_(1.0 if should_stop() else 0.0)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # barrier + agreed stop
+        if flag.item() > 0:
+            raise TimeLimitReached(f"time limit reached after {i} of {warmup + measure} steps")
+        if cuda and i == warmup:
+            torch.cuda.reset_peak_memory_stats(device)
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step(i)
+            end.record()
+            torch.cuda.synchronize(device)
+            elapsed = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            step(i)
+            elapsed = time.perf_counter() - t0
+        if i >= warmup:
+            times.append(elapsed)
+            if on_step is not None:
+                on_step(i - warmup, elapsed)
+    slowest = torch.tensor(times or [0.0], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    if cuda:
+        mem, note = torch.cuda.max_memory_allocated(device), (
+            "torch.cuda.max_memory_allocated over the measured steps, max over ranks")
+    else:
+        mem, note = max(0, _rss_bytes() - rss0), (
+            "CPU: growth of peak RSS (ru_maxrss) from before warm-up to the last step, "
+            "max over ranks; includes allocator caching, 0 if nothing new was touched")
+    peak = torch.tensor([float(mem)], dtype=torch.float64, device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return Timing([float(t) for t in slowest.tolist()][: len(times)], int(peak.item()), note)

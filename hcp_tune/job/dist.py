@@ -1,0 +1,149 @@
+"""Distributed start and stop for one job: where rank, world size and master come from, and
+the world process group (nccl on CUDA, gloo on CPU) with a timeout.
+
+Three launchers are recognised, in this order:
+
+- ``local``: the project's own launcher (``hcp_tune.launch.run_local``) sets
+  ``HCP_TUNE_LAUNCHER=local`` beside RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+- ``torchrun``: TORCHELASTIC_RUN_ID (or LOCAL_RANK) with RANK, WORLD_SIZE, MASTER_*;
+- ``slurm``: SLURM_JOB_ID and SLURM_PROCID; read through submitit's JobEnvironment (the
+  job was started by submitit, so it is importable): global rank, local rank, task count,
+  the first host as master and a port derived from the job id, so every task agrees on it
+  without talking.
+
+Anything else is a single process (world size 1).
+
+The timeout matters: a rank that dies must not leave the others waiting forever. With gloo
+a dead peer usually closes its sockets and the survivors fail at once; a hung peer is
+caught by the timeout. The launcher's own time limit is the backstop.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+LAUNCHER_VAR = "HCP_TUNE_LAUNCHER"
+SLURM_PORT_BASE = 20000  # ports 20000..39999: above the usual services, below ephemeral
+SLURM_PORT_SPAN = 20000
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Who this process is in the job, and where the rendezvous is."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    source: str  # local | torchrun | slurm | single
+    hosts: tuple[str, ...] = ()
+    job_id: str | None = None
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (the usual bind-to-0 trick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def slurm_port(job_id: str) -> int:
+    """A port every task of one SLURM job derives alike from the job id."""
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return SLURM_PORT_BASE + int(digits) % SLURM_PORT_SPAN
+
+
+def _int(env: dict, key: str, default: int | None = None) -> int:
+    if key not in env:
+        if default is None:
+            raise RuntimeError(f"launcher environment lacks {key}")
+        return default
+    return int(env[key])
+
+
+def _from_vars(env: dict, source: str) -> DistEnv:
+    return DistEnv(
+        rank=_int(env, "RANK"),
+        local_rank=_int(env, "LOCAL_RANK", 0),
+        world_size=_int(env, "WORLD_SIZE"),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=_int(env, "MASTER_PORT"),
+        source=source,
+        hosts=(env.get("MASTER_ADDR", "127.0.0.1"),),
+        job_id=env.get("TORCHELASTIC_RUN_ID") or env.get("HCP_TUNE_JOB_ID"),
+    )
+
+
+def _from_slurm() -> DistEnv:
+    try:
+        import submitit  # only here: present in any job submitit started
+    except ImportError as e:
+        raise RuntimeError(
+            "SLURM job without submitit: start trials through hcp-tune's executor "
+            "(submitit), or with torchrun/srun setting RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
+        ) from e
+    job = submitit.JobEnvironment()
+    hosts = tuple(job.hostnames)
+    return DistEnv(
+        rank=job.global_rank,
+        local_rank=job.local_rank,
+        world_size=job.num_tasks,
+        master_addr=hosts[0],
+        master_port=slurm_port(job.job_id),
+        source="slurm",
+        hosts=hosts,
+        job_id=str(job.job_id),
+    )
+
+
+def detect_env(environ: dict | None = None) -> DistEnv:
+    """The launcher's view of this process (see the module docstring for the order)."""
+    env = dict(os.environ if environ is None else environ)
+    if env.get(LAUNCHER_VAR) == "local":
+        return _from_vars(env, "local")
+    if "RANK" in env and "WORLD_SIZE" in env and (
+        "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
+    ):
+        return _from_vars(env, "torchrun")
+    if "SLURM_JOB_ID" in env and "SLURM_PROCID" in env:
+        return _from_slurm()
+    return DistEnv(0, 0, 1, "127.0.0.1", free_port(), "single", (socket.gethostname(),))
+
+
+def backend_for(device_type: str) -> str:
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def init_distributed(env: DistEnv, *, device_type: str, timeout_s: float) -> bool:
+    """Join the world group; True when this call created it (so it should destroy it).
+
+    ``timeout_s`` is the process-group timeout: collectives that wait longer on a peer fail.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    if device_type == "cuda":
+        torch.cuda.set_device(env.local_rank)
+    os.environ["MASTER_ADDR"] = env.master_addr
+    os.environ["MASTER_PORT"] = str(env.master_port)
+    dist.init_process_group(
+        backend=backend_for(device_type),
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return True
+
+
+def destroy_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

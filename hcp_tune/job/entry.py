@@ -1,0 +1,307 @@
+"""One measured trial, run on every rank: ``run_trial(spec) -> TrialResult``.
+
+Order: launcher environment -> world group (with the comm timeout) -> Megatron-Core groups,
+read back and compared with the plan -> the CP-active proof on a small input -> warm-up
+and measured steps -> statistics, FLOP/s, physical check -> groups destroyed. Every rank
+returns a result; rank 0's is the authoritative one (verdicts are broadcast from it).
+Nothing here raises for a trial failure: exceptions become FAILED results with a failure
+class and the first meaningful error line.
+
+Command line (torchrun, srun, or ``hcp_tune.launch.run_local``)::
+
+    python -m hcp_tune.job.entry SPEC.json OUT.json [SPEC2.json OUT2.json ...]
+
+Several pairs run one after another in the same processes (groups torn down between them);
+after a FAILED trial the rest are SKIPPED, since the process group may be broken. Rank 0
+writes OUT.json; rank r > 0 writes OUT.rank<r>.json beside it (the launcher reads them to
+find a root cause when rank 0 only saw a lost peer).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from hcp_tune.spec import (
+    FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, classify_error_text,
+    first_error_line, spec_from_json, to_json,
+)
+
+FAULTS = (None, "cp_off", "no_groups", "raise", "kill_rank")
+KILL_EXIT_CODE = 17
+
+
+class EnvironmentProblem(RuntimeError):
+    """The software or hardware this trial needs is absent (FailureClass.ENVIRONMENT)."""
+
+
+def classify(exc: BaseException) -> tuple[FailureClass, str]:
+    from hcp_tune.job.bench import TimeLimitReached
+
+    line = first_error_line(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, TimeLimitReached):
+        return FailureClass.TIME_LIMIT, line
+    if isinstance(exc, (EnvironmentProblem, ImportError)):
+        return FailureClass.ENVIRONMENT, line
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return FailureClass.OOM, line
+    return classify_error_text(f"{type(exc).__name__}: {exc}"), line
+
+
+def choose_backend(spec: TrialSpec):
+    """(backend, device, dtype): TE on CUDA with TE >= 1.12, else the torch reference."""
+    import torch
+
+    from hcp_tune.job.te_attention import te_unavailable_reason
+
+    if spec.runner != "attention":
+        raise EnvironmentProblem(f"runner {spec.runner!r} is not implemented in this job yet")
+    reason = te_unavailable_reason()
+    if spec.backend == "te" and reason:
+        raise EnvironmentProblem(f"backend=te requested, but {reason}")
+    if spec.backend == "te" or (spec.backend == "auto" and reason is None):
+        if spec.dtype == "fp32":
+            raise EnvironmentProblem("the TE path runs bf16 or fp16, not fp32: set dtype=bf16")
+        return "te", torch.device("cuda", torch.cuda.current_device()), spec.dtype
+    if spec.backend not in ("auto", "torch"):
+        raise EnvironmentProblem(f"unknown backend {spec.backend!r}: expected auto, te or torch")
+    if torch.cuda.is_available():
+        return "torch", torch.device("cuda", torch.cuda.current_device()), "fp32"
+    return "torch", torch.device("cpu"), "fp32"  # the reference runs fp32 on CPU
+
+
+def fingerprint(env, device) -> dict:
+    import importlib.metadata as md
+
+    import torch
+    import torch.distributed as dist
+
+    from hcp_tune.job.te_attention import te_version
+
+    def dist_version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    fp = {
+        "hosts": sorted(set(hosts)),
+        "launcher": env.source,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "megatron_core": dist_version("megatron-core") or dist_version("megatron_core"),
+        "transformer_engine": te_version(),
+        "megatron_bridge": dist_version("megatron-bridge") or dist_version("megatron_bridge"),
+        "cuda": torch.version.cuda,
+        "gpu": None, "driver": None, "nccl": None,
+    }
+    if device.type == "cuda":
+        fp["gpu"] = torch.cuda.get_device_name(device)
+        fp["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        try:
+            import subprocess
+
+            fp["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10,
+            ).stdout.split("\n")[0].strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return fp
+
+
+def _build_attention(spec, backend, groups):
+    cp_off = spec.inject_fault == "cp_off"
+    if backend == "te":
+        from hcp_tune.job.te_attention import TEAttention
+
+        return TEAttention(heads=spec.heads // spec.tp, kv_heads=spec.kv_heads // spec.tp,
+                           head_dim=spec.head_dim, groups=groups, comm_type=spec.comm_type,
+                           cp_off=cp_off)
+    from hcp_tune.job.ref_attention import build_ref_attention
+
+    return build_ref_attention(groups, spec.comm_type, cp_off=cp_off)
+
+
+def _numerics_error(v: dict) -> str:
+    worst = max(v["errors"], key=v["errors"].get)
+    return (f"CP result differs from single-process attention: {worst} error "
+            f"{v['errors'][worst]:.3g} > tolerance {v['tolerance']:.3g} (is CP communication active?)")
+
+
+def _progress(spec, step: int, t: float) -> None:
+    if spec.progress_path:
+        with open(spec.progress_path, "a") as f:
+            f.write(json.dumps({"trial_id": spec.trial_id, "step": step, "time_s": t}) + "\n")
+
+
+def _measure(spec, attn, device, dtype, rank, t0):
+    import torch
+
+    from hcp_tune.job import bench
+    from hcp_tune.job.verify import DTYPES
+
+    g = torch.Generator().manual_seed(spec.seed + 1 + rank)
+    s_local = spec.seq // spec.cp
+    hq, hk = spec.heads // spec.tp, spec.kv_heads // spec.tp
+
+    def rnd(h, grad=True):
+        t = torch.randn(spec.mbs, s_local, h, spec.head_dim, generator=g)
+        return t.to(device=device, dtype=DTYPES[dtype]).requires_grad_(grad)
+
+    q, k, v, dout = rnd(hq), rnd(hk), rnd(hk), rnd(hq, grad=False)
+    kill_at = spec.warmup_steps  # the first measured step
+    world = spec.world_size
+
+    def step(i):
+        if spec.inject_fault == "kill_rank" and i == kill_at and rank == world - 1:
+            sys.stdout.flush()
+            os._exit(KILL_EXIT_CODE)  # tests only: a rank lost mid-trial
+        q.grad = k.grad = v.grad = None
+        attn(q, k, v).backward(dout)
+
+    return bench.time_steps(
+        step, warmup=spec.warmup_steps, measure=spec.measure_steps, device=device,
+        should_stop=lambda: time.monotonic() - t0 > spec.time_limit_s,
+        on_step=(lambda i, t: _progress(spec, i, t)) if rank == 0 else None,
+    )
+
+
+def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) -> TrialResult:
+    """Run one trial on this rank; never raises for a trial failure."""
+    t0 = time.monotonic()
+    res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, world_size=spec.world_size)
+    created = groups_made = False
+    try:
+        if spec.inject_fault not in FAULTS:
+            raise ValueError(f"inject_fault={spec.inject_fault!r}: expected one of {FAULTS}")
+        from hcp_tune.job import bench
+        from hcp_tune.job.dist import detect_env, init_distributed
+        from hcp_tune.job.groups import check_groups, init_groups, read_groups
+        from hcp_tune.job.verify import verify_cp
+
+        env = env or detect_env()
+        res.job_id = env.job_id
+        if env.world_size != spec.world_size:
+            raise EnvironmentProblem(
+                f"the launcher started {env.world_size} processes, the trial needs "
+                f"tp*cp = {spec.tp}*{spec.cp} = {spec.world_size}")
+        backend, device, dtype = choose_backend(spec)
+        res.backend = backend
+        created = init_distributed(env, device_type=device.type, timeout_s=spec.comm_timeout_s)
+        res.fingerprint = fingerprint(env, device)
+        if spec.inject_fault == "raise":
+            raise RuntimeError("injected fault (tests only): raise\nsecond line is not reported")
+        init_groups(tp=spec.tp, a2a=spec.a2a, p2p=spec.p2p, timeout_s=spec.comm_timeout_s,
+                    hierarchical=spec.inject_fault != "no_groups")
+        groups_made = True
+        groups = read_groups()
+        res.verification["groups"] = check_groups(groups, spec)
+        if not res.verification["groups"]["match"]:
+            res.status, res.error = Status.INVALID, res.verification["groups"]["problems"][0]
+            return res
+        attn = _build_attention(spec, backend, groups)
+        v = verify_cp(spec, attn, tp_rank=groups.tp_rank, cp_pos=groups.cp_rank,
+                      device=device, dtype=dtype)
+        res.verification["numerics"] = v
+        if not v["passed"]:
+            res.status, res.failure_class = Status.INVALID, FailureClass.NUMERICS
+            res.error = _numerics_error(v)
+            return res
+        timing = _measure(spec, attn, device, dtype, env.rank, t0)
+        stats = bench.summarize(timing.step_times_s)
+        res.step_times_s = timing.step_times_s
+        res.median_s, res.p10_s, res.p90_s = stats["median_s"], stats["p10_s"], stats["p90_s"]
+        res.peak_mem_bytes, res.mem_note = timing.peak_mem_bytes, timing.mem_note
+        res.flops_per_gpu_step = bench.flops_per_gpu(spec)
+        res.tflops_per_gpu = res.flops_per_gpu_step / res.median_s / 1e12
+        res.verification["flops"] = (
+            "causal attention fwd = 4*mbs*seq^2*heads*head_dim/2, bwd = 2.5*fwd "
+            "(FlashAttention convention), per GPU = total/(cp*tp)")
+        if spec.peak_tflops and res.tflops_per_gpu > spec.peak_tflops:
+            res.status = Status.INVALID
+            res.error = (f"achieved {res.tflops_per_gpu:.1f} TFLOP/s per GPU exceeds the hardware "
+                         f"peak {spec.peak_tflops:.1f}: CP cannot be doing the full work")
+            return res
+        res.status = Status.OK
+        return res
+    except Exception as e:  # a failure is a result
+        res.status = Status.FAILED
+        res.failure_class, res.error = classify(e)
+        return res
+    finally:
+        res.wall_s = time.monotonic() - t0
+        try:
+            if groups_made:
+                from hcp_tune.job.groups import destroy_groups
+
+                destroy_groups()
+            if created and not keep_process_group:
+                from hcp_tune.job.dist import destroy_distributed
+
+                destroy_distributed()
+        except Exception:  # teardown after a broken group: the result says what happened
+            pass
+
+
+def run_trials(specs: list[TrialSpec]) -> list[TrialResult]:
+    """Several trials in the same processes; after a FAILED one the rest are SKIPPED."""
+    out: list[TrialResult] = []
+    broken: Optional[TrialResult] = None
+    for spec in specs:
+        if broken is not None:
+            out.append(TrialResult(
+                trial_id=spec.trial_id, status=Status.SKIPPED, world_size=spec.world_size,
+                error=f"not run: trial {broken.trial_id} failed before it in the same processes"))
+            continue
+        res = run_trial(spec, keep_process_group=True)
+        out.append(res)
+        if res.status == Status.FAILED:
+            broken = res
+    if broken is None:
+        from hcp_tune.job.dist import destroy_distributed
+
+        destroy_distributed()
+    return out
+
+
+def rank_out_path(out: Path, rank: int) -> Path:
+    return out if rank == 0 else out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or len(args) % 2:
+        print("usage: python -m hcp_tune.job.entry SPEC.json OUT.json [SPEC.json OUT.json ...]",
+              file=sys.stderr)
+        return 2
+    pairs = [(Path(args[i]), Path(args[i + 1])) for i in range(0, len(args), 2)]
+    specs = [spec_from_json(p.read_text()) for p, _ in pairs]
+    from hcp_tune.job.dist import detect_env
+
+    rank = detect_env().rank
+    results = run_trials(specs)
+    for (_, out), res in zip(pairs, results):
+        if res.log_path is None and os.environ.get("HCP_TUNE_LOG"):
+            res.log_path = os.environ["HCP_TUNE_LOG"]
+        atomic_write_text(str(rank_out_path(out, rank)), to_json(res))
+        print(f"[rank {rank}] {res.trial_id}: {res.status.value}"
+              + (f" ({res.failure_class.value}) {res.error}" if res.failure_class else
+                 f" {res.error}" if res.error else ""), flush=True)
+    code = 1 if any(r.status == Status.FAILED for r in results) else 0
+    if code:  # the process group may be broken: do not wait in interpreter teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
