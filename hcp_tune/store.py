@@ -65,6 +65,8 @@ def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any)
         "step_times_s": json.dumps(result.step_times_s),
         "peak_mem_bytes": result.peak_mem_bytes,
         "tflops_per_gpu": result.tflops_per_gpu,
+        "wall_s": result.wall_s,
+        "mem_note": result.mem_note,
         "backend": result.backend,
         "verified": bool(result.verification.get("passed", False)),
         "fingerprint": json.dumps(result.fingerprint, sort_keys=True),

@@ -48,7 +48,10 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
 
 
 def read_progress(path: Optional[str]) -> list[float]:
-    """Measured step times a running trial has written so far (one JSON line per measured step: {"step", "time_s"})."""
+    """Measured step times a running trial has written so far.
+
+    The job appends one JSON line per measured step (``{"step": i, "time_s": t}``).
+    """
     if not path or not Path(path).exists():
         return []
     times = []
