@@ -153,6 +153,7 @@ class Sweeper:
         )
         self.executor_name = dispatch.resolve_executor_name(self.exec_cfg.name)
         self.progress_dir = cfg.results_dir / "progress"
+        self.progress_dir.mkdir(parents=True, exist_ok=True)
         self.repeats = int(cfg.search.get("repeats", 1))
         self.early_stop = bool(cfg.search.get("early_stop", True))
         storage = cfg.search.get("storage") or str(cfg.results_dir / "optuna.journal")

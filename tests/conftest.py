@@ -1,4 +1,5 @@
-"""Shared fixtures. ``slurm_cluster`` makes sure the local SLURM cluster answers.
+"""Shared fixtures: ``slurm_cluster`` makes sure the local SLURM cluster answers; ``batch``
+and ``make_spec`` build TrialSpecs for the tiny models the way the orchestrator does.
 
 The cluster comes from scripts/slurm-local.sh (started here when sinfo does not answer).
 If it cannot come up the slurm tests skip, with the reason; with HCP_TUNE_REQUIRE_SLURM=1
@@ -42,3 +43,93 @@ def slurm_cluster() -> None:
         if os.environ.get("HCP_TUNE_REQUIRE_SLURM") == "1":
             pytest.fail(reason + " [HCP_TUNE_REQUIRE_SLURM=1]", pytrace=False)
         pytest.skip(reason)
+
+
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hcp_tune.cluster import cluster_from_mapping
+from hcp_tune.layout import Layout, enumerate_layouts, rank_groups
+from hcp_tune.model import model_from_mapping
+from hcp_tune.spec import TrialSpec
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def load_model(name: str):
+    return model_from_mapping(yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text()), name)
+
+
+def load_cluster(name: str = "local"):
+    return cluster_from_mapping(yaml.safe_load((CONF / "cluster" / f"{name}.yaml").read_text()), name)
+
+
+def kept_layouts(model: str, *, cp: int, tp: int, seq: int) -> list[Layout]:
+    cands = enumerate_layouts(load_model(model), load_cluster(), cp=cp, tp=tp, seq=seq)
+    return [c.layout for c in cands if c.kept]
+
+
+def make_spec(layout: Layout, *, model: str = "tiny", tp: int = 1, seq: int = 128,
+              **overrides) -> TrialSpec:
+    m = load_model(model)
+    fields = dict(
+        trial_id=f"{model}-tp{tp}-cp{layout.cp}-{layout.a2a}x{layout.p2p}"
+        + (f"-{overrides['inject_fault']}" if overrides.get("inject_fault") else ""),
+        a2a=layout.a2a, p2p=layout.p2p, tp=tp, seq=seq,
+        heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim, hidden=m.hidden,
+        layers=m.layers, vocab=m.vocab,
+        warmup_steps=1, measure_steps=2,  # tiny: the behaviour is tested, not the speed
+        comm_timeout_s=20.0, time_limit_s=120.0,
+        expected_groups=rank_groups(layout, tp=tp, gpus_per_node=8).as_dict(),
+    )
+    fields.update(overrides)
+    return TrialSpec(**fields)
+
+
+@pytest.fixture
+def spec_factory():
+    return make_spec
+
+
+# ---------------------------------------------------------------- process batches
+# Start-up (torch + Megatron-Core imports in every process) costs far more than a tiny
+# trial, so trials of one world size run in one batch of processes (groups torn down
+# between them), once per session; tests look their trial up by id. A FAILED trial makes
+# the rest of its batch SKIPPED, so the failing ones come last.
+
+def _layout_specs(model, cp, tp, seq):
+    return [make_spec(lay, model=model, tp=tp, seq=seq)
+            for lay in kept_layouts(model, cp=cp, tp=tp, seq=seq)]
+
+
+HCP4 = Layout(2, 2)
+
+BATCHES = {
+    "world2": lambda: _layout_specs("tiny", 2, 1, 128)
+    + [make_spec(Layout(1, 2), trial_id="time-limit", time_limit_s=0.0)],
+    "world4": lambda: _layout_specs("tiny", 4, 1, 256) + _layout_specs("tiny", 2, 2, 128)
+    + [make_spec(HCP4, model="tiny-gqa", seq=256)]
+    + [make_spec(HCP4, inject_fault=f) for f in ("cp_off", "no_groups", "raise")]
+    + [make_spec(HCP4, trial_id="after-raise")],
+    "world8": lambda: _layout_specs("tiny", 8, 1, 256),
+}
+
+
+@pytest.fixture(scope="session")
+def batch(tmp_path_factory):
+    """batch(name) -> {trial_id: (spec, result)}, each batch run once per session."""
+    from hcp_tune.launch import run_local_batch
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            specs = BATCHES[name]()
+            results = run_local_batch(specs, workdir=tmp_path_factory.mktemp(name))
+            cache[name] = {s.trial_id: (s, r) for s, r in zip(specs, results)}
+        return cache[name]
+
+    return get

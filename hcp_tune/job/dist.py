@@ -86,7 +86,12 @@ def _from_slurm() -> DistEnv:
             "SLURM job without submitit: start trials through hcp-tune's executor "
             "(submitit), or with torchrun/srun setting RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
         ) from e
-    job = submitit.JobEnvironment()
+    if os.environ.get("SUBMITIT_EXECUTOR"):
+        job = submitit.JobEnvironment()
+    else:  # a plain srun task: submitit's SLURM parser (node list, ranks) still applies
+        from submitit.slurm.slurm import SlurmJobEnvironment
+
+        job = SlurmJobEnvironment()
     hosts = tuple(job.hostnames)
     return DistEnv(
         rank=job.global_rank,

@@ -33,6 +33,22 @@ class CPGroups:
         return self.a2a is not None and self.p2p is not None
 
 
+def _clear_stale_hcp_groups() -> bool:
+    """Forget HCP groups left by an earlier trial in this process; True if there were some.
+
+    Megatron-Core 0.16.1's ``destroy_model_parallel`` resets the flat CP group but not
+    ``_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS``: a later trial that never asks for HCP groups
+    would silently find the previous trial's, and its group check would pass on stale
+    groups. We reset that one module global ourselves, here and nowhere else.
+    """
+    from megatron.core import parallel_state as ps
+
+    stale = ps.get_hierarchical_context_parallel_groups(check_initialized=False) is not None
+    if stale:
+        ps._HIERARCHICAL_CONTEXT_PARALLEL_GROUPS = None
+    return stale
+
+
 def init_groups(*, tp: int, a2a: int, p2p: int, timeout_s: float, hierarchical: bool = True) -> None:
     """Build the groups; ``hierarchical=False`` plants the silent failure (sizes never given).
 
@@ -42,6 +58,7 @@ def init_groups(*, tp: int, a2a: int, p2p: int, timeout_s: float, hierarchical: 
     from megatron.core import parallel_state as ps
 
     cp = a2a * p2p
+    _clear_stale_hcp_groups()
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp,
         context_parallel_size=cp,
@@ -73,6 +90,7 @@ def destroy_groups() -> None:
     from megatron.core import parallel_state as ps
 
     ps.destroy_model_parallel()
+    _clear_stale_hcp_groups()  # not reset by destroy_model_parallel (see above)
 
 
 def _canon(groups) -> list[tuple[int, ...]]:

@@ -1,0 +1,71 @@
+"""Failures are results: the planted silent CP-off, missing HCP groups, a raised error, a
+rank lost mid-trial, the job's time limit and the launcher's backstop."""
+import pytest
+
+from conftest import make_spec
+from hcp_tune.launch import run_local
+from hcp_tune.layout import Layout
+from hcp_tune.spec import FailureClass, Status
+
+
+def _planted(batch, fault):
+    return batch("world4")[f"tiny-tp1-cp4-2x2-{fault}"][1]
+
+
+@pytest.mark.multiproc
+def test_planted_cp_off_is_caught_as_invalid_numerics(batch):
+    res = _planted(batch, "cp_off")
+    assert res.status == Status.INVALID and res.failure_class == FailureClass.NUMERICS
+    assert res.error.startswith("CP result differs from single-process attention")
+    assert res.verification["groups"]["match"]  # the groups were right: only the proof catches it
+    assert min(res.verification["numerics"]["errors"].values()) > 1e-2
+    assert res.step_times_s == [] and res.tflops_per_gpu is None  # never timed, never ranked
+
+
+@pytest.mark.multiproc
+def test_missing_hcp_groups_make_the_trial_invalid(batch):
+    """Also after an earlier trial in the same processes created HCP groups (stale state)."""
+    res = _planted(batch, "no_groups")
+    assert res.status == Status.INVALID
+    assert res.error.startswith(
+        "a2a groups missing on ranks [0, 1, 2, 3]: the HCP groups were never created")
+    assert res.verification["groups"]["actual"]["a2a"] is None
+    assert "numerics" not in res.verification
+
+
+@pytest.mark.multiproc
+def test_raised_error_is_failed_with_its_first_line(batch):
+    res = _planted(batch, "raise")
+    assert res.status == Status.FAILED and res.failure_class == FailureClass.UNKNOWN
+    assert res.error == "RuntimeError: injected fault (tests only): raise"
+    assert res.log_path.endswith("rank0.log")
+
+
+@pytest.mark.multiproc
+def test_trials_after_a_failure_in_the_same_processes_are_skipped(batch):
+    res = batch("world4")["after-raise"][1]
+    assert res.status == Status.SKIPPED
+    assert res.error == "not run: trial tiny-tp1-cp4-2x2-raise failed before it in the same processes"
+
+
+@pytest.mark.multiproc
+def test_job_time_limit_stops_all_ranks_together(batch):
+    res = batch("world2")["time-limit"][1]
+    assert res.status == Status.FAILED and res.failure_class == FailureClass.TIME_LIMIT
+    assert res.error == "TimeLimitReached: time limit reached after 0 of 3 steps"
+
+
+@pytest.mark.multiproc
+def test_rank_killed_mid_trial_ends_as_comm_failure(tmp_path):
+    spec = make_spec(Layout(1, 2), inject_fault="kill_rank", comm_timeout_s=20.0)
+    res = run_local(spec, workdir=tmp_path, timeout_s=180)  # the backstop, far above 20 s
+    assert res.status == Status.FAILED and res.failure_class == FailureClass.COMM, res.error
+    assert "ranks [1] exited with codes [17]" in res.error
+    assert "numerics" in res.verification  # it died after the proof, in the timed steps
+
+
+def test_launcher_backstop_kills_processes_past_its_limit(tmp_path):
+    spec = make_spec(Layout(1, 2))
+    res = run_local(spec, workdir=tmp_path, timeout_s=0.5)  # shorter than interpreter start-up
+    assert res.status == Status.FAILED and res.failure_class == FailureClass.TIME_LIMIT
+    assert res.error.startswith("time limit: the launcher's limit of 0s passed; killed 2 processes")
