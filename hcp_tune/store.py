@@ -68,12 +68,19 @@ def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any)
         "wall_s": result.wall_s,
         "mem_note": result.mem_note,
         "backend": result.backend,
-        "verified": bool(result.verification.get("passed", False)),
+        "verified": verified(result.verification),
         "fingerprint": json.dumps(result.fingerprint, sort_keys=True),
         "job_id": result.job_id or "",
         "log_path": result.log_path or "",
         **extra,
     }
+
+
+def verified(evidence: dict[str, Any]) -> bool:
+    """The trial proved CP active: its groups matched the plan and its output and
+    gradients matched single-process attention (hcp-facts.md section 4)."""
+    return bool(evidence.get("groups", {}).get("match")) and bool(
+        evidence.get("numerics", {}).get("passed"))
 
 
 class ResultStore:
