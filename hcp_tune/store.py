@@ -156,8 +156,8 @@ def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per layout of one key, the best ok trial, fastest first (memory breaks ties)."""
     best: dict[tuple[int, int], dict[str, Any]] = {}
     for r in rows:
-        if r["status"] != "ok" or _nan(r.get("median_s")):
-            continue
+        if r["status"] != "ok" or not r.get("verified") or _nan(r.get("median_s")):
+            continue  # only trials that proved CP was active are ranked
         k = (r["a2a"], r["p2p"])
         if k not in best or r["median_s"] < best[k]["median_s"]:
             best[k] = r

@@ -7,13 +7,14 @@ import pytest
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 from hcp_tune.store import ResultStore, SweepKey, recommendations, trial_row
 
+PROOF = {"groups": {"match": True}, "numerics": {"passed": True}}
 KEY = SweepKey("local", "tiny", 1, 4, 2048, "attention", "default")
 
 
 def row(a2a, median, spread=0.0, status=Status.OK, key=KEY, n=0, mem=1000):
     spec = TrialSpec(trial_id=f"{key.slug}-t{n:03d}-a{a2a}", a2a=a2a, p2p=key.cp // a2a,
                      seq=key.seq, heads=8, kv_heads=8, head_dim=8)
-    res = TrialResult(trial_id=spec.trial_id, status=status)
+    res = TrialResult(trial_id=spec.trial_id, status=status, verification=PROOF)
     if median is not None:
         res.median_s, res.p10_s, res.p90_s = median, median * (1 - spread), median * (1 + spread)
         res.step_times_s = [median] * 3
@@ -46,6 +47,13 @@ def test_failed_and_invalid_trials_are_never_ranked():
     (rec,) = recommendations(rows)
     assert rec["a2a"] == 4 and rec["trials"] == 3 and rec["ok_trials"] == 1
     assert recommendations([row(1, 0.1, status=Status.INVALID)]) == []
+
+
+def test_an_ok_row_without_proof_of_cp_is_not_ranked():
+    unproven = row(2, 0.5, n=0)
+    unproven["verified"] = False
+    (rec,) = recommendations([unproven, row(4, 1.0, n=1)])
+    assert rec["a2a"] == 4
 
 
 def test_rows_are_files_and_tables_are_rebuilt(tmp_path):
