@@ -4,7 +4,7 @@ into the available slots (longest-first greedy packing, a lower bound within 4/3
 
 Needs the local cluster (``scripts/slurm-local.sh start``). Not a test: it prints numbers.
 
-    .venv/bin/python benchmarks/sweep_overhead.py [--slots 2] [--seqs 8]
+    .venv/bin/python benchmarks/sweep_overhead.py [--seqs 8]
 """
 from __future__ import annotations
 
@@ -43,14 +43,13 @@ def packed_makespan(durations: list[float], slots: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--seqs", type=int, default=8)
     args = ap.parse_args()
     seqs = [256 * (i + 1) for i in range(args.seqs)]
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config.load([
             "cp=2", f"seq=[{','.join(map(str, seqs))}]", "model=tiny", "cluster=local",
-            "executor=slurm", f"executor.array_parallelism={args.slots}",
+            "executor=slurm",
             "runner.warmup_steps=1", "runner.measure_steps=3", "search.early_stop=false",
             f"results_dir={tmp}",
         ])
@@ -59,10 +58,11 @@ def main() -> None:
         wall = time.monotonic() - t0
         rows = [json.loads(p.read_text()) for p in Path(tmp, "rows").glob("*/*.json")]
     durations = [r["wall_s"] for r in rows if r.get("wall_s")]
-    ideal = packed_makespan(durations, args.slots)
+    slots = 1  # the local profile is a CPU profile: the sweep runs one trial at a time
+    ideal = packed_makespan(durations, slots)
     print(f"| trials | slots | sweep wall s | sum of trial wall s | ideal packed s | overhead |")
     print(f"|---|---|---|---|---|---|")
-    print(f"| {len(rows)} | {args.slots} | {wall:.1f} | {sum(durations):.1f} | {ideal:.1f} | "
+    print(f"| {len(rows)} | {slots} | {wall:.1f} | {sum(durations):.1f} | {ideal:.1f} | "
           f"{wall / ideal:.2f}x |")
 
 

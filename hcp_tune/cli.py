@@ -23,6 +23,13 @@ commands:
   validate  check a Bridge config against every HCP rule and print the fixes
             e.g. validate run_config.yaml model.cp_comm_type=a2a+p2p cluster=dgx-h100
 
+  sweep     measure every kept layout (SLURM or local), rank them, write results/
+            e.g. sweep cp=4 seq=[2048,4096] model=tiny cluster=local executor=slurm
+  recommend the best measured layout for one key, as Bridge overrides
+            e.g. recommend cluster=local model=tiny cp=4 seq=2048
+  trial     run one layout once on this machine and print its result
+            e.g. trial cp=4 seq=2048 model=tiny cluster=local a2a=2
+
 overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] cluster=dgx-h200
 model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true
 """
@@ -111,6 +118,37 @@ def cmd_sweep(args: list[str]) -> int:
     return EXIT_OK
 
 
+def cmd_trial(args: list[str]) -> int:
+    """Run one layout once on this machine (local processes) and print its result."""
+    from hcp_tune import config, plan
+    from hcp_tune.schema import as_int
+
+    a2a_args = [a for a in args if a.startswith("a2a=")]
+    if len(a2a_args) != 1:
+        raise ConfigError("trial needs the layout's a2a size: a2a=N (p2p = cp / N)")
+    a2a = as_int(a2a_args[0].split("=", 1)[1], "a2a")
+    cfg = config.load([a for a in args if not a.startswith("a2a=")])
+    if len(cfg.seqs) != 1 or len(cfg.tps) != 1:
+        raise ConfigError("trial runs one layout: give one seq and one tp value")
+    cands = {c.layout.a2a: c for c in plan.candidates(cfg)}
+    if a2a not in cands:
+        raise ConfigError(f"a2a={a2a}: must divide cp={cfg.cp}; choices: {sorted(cands)}")
+    cand = cands[a2a]
+    if not cand.kept:
+        raise ConfigError(f"a2a={a2a}: layout {cand.layout.label} is rejected: {cand.reasons[0]}")
+    from hcp_tune.launch import run_local
+    from hcp_tune.spec import to_json
+    from hcp_tune.sweep import spec_for
+
+    workdir = cfg.results_dir / "trials" / f"manual-{cand.layout.a2a}x{cand.layout.p2p}-s{cand.seq}"
+    spec = spec_for(cfg, cand, workdir.name, workdir)
+    print(f"trial: {cand.layout.label} {cand.layout.comm_type} tp={cand.tp} seq={cand.seq} on "
+          f"{spec.world_size} local process(es); logs in {workdir}/", file=sys.stderr)
+    result = run_local(spec, workdir=workdir)
+    print(json.dumps(json.loads(to_json(result)), indent=2))
+    return EXIT_OK if result.status.value == "ok" else EXIT_FINDINGS
+
+
 def cmd_recommend(args: list[str]) -> int:
     from hcp_tune import config, recommend
     from hcp_tune.store import ResultStore
@@ -152,6 +190,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "validate": cmd_validate,
     "sweep": cmd_sweep,
     "recommend": cmd_recommend,
+    "trial": cmd_trial,
 }
 
 

@@ -154,6 +154,9 @@ class Sweeper:
         self.executor_name = dispatch.resolve_executor_name(self.exec_cfg.name)
         self.progress_dir = cfg.results_dir / "progress"
         self.progress_dir.mkdir(parents=True, exist_ok=True)
+        # CPU trials share this machine's cores: measured side by side they would rank the
+        # contention, not the layouts. GPU trials get their own nodes and run in parallel.
+        self.slots = 1 if cfg.cluster.device == "cpu" else self.exec_cfg.array_parallelism
         self.repeats = int(cfg.search.get("repeats", 1))
         self.early_stop = bool(cfg.search.get("early_stop", True))
         storage = cfg.search.get("storage") or str(cfg.results_dir / "optuna.journal")
@@ -232,7 +235,7 @@ class Sweeper:
 
     def fill(self) -> None:
         """Submit queued trials into free slots (the first batch as one job array)."""
-        free = self.exec_cfg.array_parallelism - len(self.running)
+        free = self.slots - len(self.running)
         batch: list[tuple[Work, int, TrialSpec]] = []
         while free > 0 and self.queue:
             work = self.queue.pop(0)
