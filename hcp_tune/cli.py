@@ -20,6 +20,8 @@ commands:
             e.g. plan cp=8 seq=131072 model=llama3-8b cluster=dgx-h100
   validate  check a Bridge config against every HCP rule and print the fixes
             e.g. validate run_config.yaml model.cp_comm_type=a2a+p2p cluster=dgx-h100
+  predict   predicted step time, memory and breakdown of every layout (cost model, no GPU)
+            e.g. predict cp=8 seq=131072 model=llama3-8b cluster=dgx-h100
 
 overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] cluster=dgx-h200
 model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true
@@ -37,6 +39,20 @@ def cmd_plan(args: list[str]) -> int:
         from hcp_tune import ui
 
         ui.print_plan(rows)
+    return EXIT_OK
+
+
+def cmd_predict(args: list[str]) -> int:
+    from hcp_tune import config, predict
+
+    cfg = config.load(args)
+    rows = predict.predict_rows(cfg)
+    if cfg.format == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        from hcp_tune import ui
+
+        ui.print_predict(rows)
     return EXIT_OK
 
 
@@ -96,6 +112,7 @@ def cmd_validate(args: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "plan": cmd_plan,
     "validate": cmd_validate,
+    "predict": cmd_predict,
 }
 
 
