@@ -27,7 +27,7 @@ from hcp_tune.layout import Candidate, Layout, rank_groups
 from hcp_tune.model import ModelSpec
 from hcp_tune.spec import atomic_write_text
 
-PRIOR_WEIGHT = 1e-3  # pull (per squared log-ratio) towards the defaults: keeps unseen params put
+PRIOR_WEIGHT = 1e-6  # pull (per squared log-ratio) towards the defaults: keeps unseen params put
 
 
 @dataclass
@@ -66,18 +66,18 @@ def _resolve(rows, clusters, models) -> list[tuple[ModelSpec, ClusterProfile, Ca
         raise ValueError(
             f"calibration fits one cluster and environment tag at a time, got {sorted(keys)}: "
             "filter the rows first")
+    clusters, models = dict(clusters or {}), dict(models or {})
     out = []
     for r in rows:
-        name = r["cluster"]
-        model = _model_of(r) or (models or {}).get(r.get("model"))
-        need = [] if (clusters and name in clusters) else [f"cluster={name}"]
-        need += [] if model else [f"model={r['model']}"]
-        if need:
+        name, model = r["cluster"], _model_of(r)
+        if model is None and r.get("model") not in models or name not in clusters:
             from hcp_tune import config  # Hydra: only when a profile must be read from conf/
 
-            loaded = config.load(need)
-            clusters = {**(clusters or {}), name: loaded.cluster}
-            model = model or loaded.model
+            loaded = config.load([f"cluster={name}"] + ([f"model={r['model']}"] if "model" in r else []))
+            clusters.setdefault(name, loaded.cluster)
+            if "model" in r:
+                models.setdefault(r["model"], loaded.model)
+        model = model or models[r["model"]]
         cluster = clusters[name]
         layout = Layout(int(r["a2a"]), int(r["p2p"]))
         if "cp" in r and int(r["cp"]) != layout.cp:
@@ -180,8 +180,10 @@ def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
         errs = _errors(resolved, params_at(x))
         return sum(e * e for e in errs) + PRIOR_WEIGHT * sum((a - b) ** 2 for a, b in zip(x, x0))
 
-    x = nelder_mead(loss, x0)
-    x = nelder_mead(loss, x, step=0.1)  # restart: Nelder-Mead can stall on a flat face
+    x, best = x0, loss(x0)
+    for step in (1.0, 0.3, 0.1):  # restarts: Nelder-Mead can stall on a flat face
+        x_new = nelder_mead(loss, x, step=step)
+        x, best = (x_new, loss(x_new)) if loss(x_new) < best else (x, best)
     r0 = rows[0]
     when = datetime.date.today().isoformat()
     params = params_at(x).replace(

@@ -48,7 +48,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 A2A_CALLS_PER_LAYER = 8  # forward Q, K, V, O; backward dO, dQ, dK, dV
 FIT_FIELDS = (  # the free parameters calibrate.fit may move
     "compute_efficiency", "intra_bw_efficiency", "inter_bw_efficiency",
-    "latency_multiplier", "layer_overhead_us",
+    "latency_multiplier", "layer_overhead_us", "half_efficiency_tokens",
 )
 
 
