@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hcp_tune.cluster import ClusterProfile
-from hcp_tune.costmodel import FIT_FIELDS, CostParams, predict, predict_attention_layer
+from hcp_tune.costmodel import FIT_FIELDS, FIT_START, CostParams, predict, predict_attention_layer
 from hcp_tune.layout import Candidate, Layout, rank_groups
 from hcp_tune.model import ModelSpec
 from hcp_tune.spec import atomic_write_text
@@ -171,7 +171,7 @@ def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
         raise ValueError("calibration needs at least one measured row with median_s")
     resolved = _resolve(rows, clusters, models)
     names = _free_fields(resolved)
-    x0 = [math.log(max(getattr(start, n), 1e-9)) for n in names]
+    x0 = [math.log(getattr(start, n) or FIT_START.get(n, 1e-9)) for n in names]
 
     def params_at(x: list[float]) -> CostParams:
         return start.replace(**{n: math.exp(v) for n, v in zip(names, x)})

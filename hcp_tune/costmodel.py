@@ -46,9 +46,10 @@ from hcp_tune.model import ModelSpec
 GIB = 1024**3
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 A2A_CALLS_PER_LAYER = 8  # forward Q, K, V, O; backward dO, dQ, dK, dV
+FIT_START = {"large_block_tokens": 1e6}  # where a fit starts a parameter whose default is 0
 FIT_FIELDS = (  # the free parameters calibrate.fit may move
     "compute_efficiency", "intra_bw_efficiency", "inter_bw_efficiency",
-    "latency_multiplier", "layer_overhead_us", "half_efficiency_tokens",
+    "latency_multiplier", "layer_overhead_us", "half_efficiency_tokens", "large_block_tokens",
 )
 
 
@@ -72,6 +73,10 @@ class CostParams:
     half_efficiency_tokens: float = 512.0
     """Block length at which a flash kernel reaches half its long-block efficiency: read
     roughly off FlashAttention-2's causal head_dim-128 curves (1k tokens about 70% of 16k)."""
+    large_block_tokens: float = 0.0
+    """0: no penalty for long blocks (flash kernels tile, GPU). Else efficiency is divided by
+    ``1 + L/large_block_tokens``: a reference kernel that materialises L x L scores (the CPU
+    runner) slows once they leave the cache; calibration fits it on CPU."""
     layer_overhead_us: float = 50.0
     """Fixed time per layer forward+backward: kernel launches, small ops (GPU, order of
     magnitude); on CPU the Python and process overhead, which calibration fits."""
@@ -85,7 +90,7 @@ class CostParams:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("cpu_cores", "layer_overhead_us"):
+            if f.name in ("cpu_cores", "layer_overhead_us", "large_block_tokens"):
                 if value < 0:
                     raise ValueError(f"CostParams: {f.name} must be >= 0, but got {value=}.")
             elif f.name != "source" and not value > 0:
@@ -190,6 +195,8 @@ def _attention(model, cluster, cand, mbs, dtype, params) -> _Attention:
     fwd, bwd = causal_attention_flops(seq, model.heads, model.head_dim, mbs)
     block_tokens = seq / p
     eff = params.compute_efficiency * block_tokens / (block_tokens + params.half_efficiency_tokens)
+    if params.large_block_tokens:
+        eff /= 1 + block_tokens / params.large_block_tokens
     rate = peak_flops(cluster, params, dtype, _ranks_on_node(cand, cluster)) * eff
     comp_f, comp_b = fwd / (tp * cp) / rate, bwd / (tp * cp) / rate
 
