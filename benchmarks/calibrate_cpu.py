@@ -112,11 +112,13 @@ def main() -> int:
         rows_path = REPO / "benchmarks" / "calibrate_cpu_rows.jsonl"
         rows_path.write_text("".join(json.dumps({**r, "env_tag": ENV_TAG}) + "\n" for r in rows))
     measure_s = time.time() - t0
+    how = (f"refit from `{args.rows}` (measured earlier)" if args.rows
+           else f"in {measure_s:.0f} s")
     ok = [{**r, "env_tag": ENV_TAG} for r in rows if r["status"] == "ok" and r["median_s"]]
     bad = [r for r in rows if r not in ok and r["status"] != "ok"]
     out = [f"# Cost model calibration on this machine (CPU, attention runner)\n",
            f"Measured {len(rows)} trials ({len(ok)} ok) on {platform.processor() or platform.machine()}, "
-           f"{os.cpu_count()} cores, in {measure_s:.0f} s: tiny model (8 heads, head_dim 8), "
+           f"{os.cpu_count()} cores, {how}: tiny model (8 heads, head_dim 8), "
            f"fp32, pure-torch a2a+p2p reference over gloo, every split, "
            f"seq by cp {SEQS_BY_CP}; median of 5 timed steps after 1 warm-up. "
            f"Produced by `python benchmarks/calibrate_cpu.py` (rows in "
@@ -127,7 +129,7 @@ def main() -> int:
     out.append(f"Uncalibrated defaults (nominal 10 GFLOP/s/core): rms relative error "
                f"{uncal.rms_rel_error:.1%}, max {uncal.max_rel_error:.1%} over all {uncal.n} rows.\n")
     for name, (train, test) in SPLITS.items():
-        params, tr, te = calibrate.holdout_error(ok, train, test)
+        params, tr, te = calibrate.holdout_error(ok, train, test, n_starts=6)
         fitted = ", ".join(f"{n}={getattr(params, n):.4g}" for n in tr.fitted)
         out.append(f"## Split `{name}`: fit on seq {list(train)}, held out seq {list(test)}\n")
         out.append(f"- fitted ({tr.n} rows): {fitted}")
@@ -135,7 +137,7 @@ def main() -> int:
         out.append(f"- **held-out error ({te.n} rows): rms {te.rms_rel_error:.1%}, "
                    f"max {te.max_rel_error:.1%}**\n")
         out.append(table(te) + "\n")
-    params, rep = calibrate.fit(ok)
+    params, rep = calibrate.fit(ok, n_starts=6)
     path = calibrate.save_params(args.results_dir, "local", ENV_TAG, params, rep)
     out.append(f"## All rows\n\nFit on all {rep.n} rows: rms {rep.rms_rel_error:.1%}, max "
                f"{rep.max_rel_error:.1%}; stored as `{Path(path).relative_to(REPO) if Path(path).is_relative_to(REPO) else path}` "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,8 @@ from hcp_tune.layout import Candidate, Layout, rank_groups
 from hcp_tune.model import ModelSpec
 from hcp_tune.spec import atomic_write_text
 
+BOUND_LOG = math.log(1e4)  # a fitted parameter stays within 1e4x of where it started
+N_STARTS = 3  # Nelder-Mead runs from the defaults and from seeded perturbations of them
 PRIOR_WEIGHT = 1e-6  # pull (per squared log-ratio) towards the defaults: keeps unseen params put
 
 
@@ -109,6 +112,8 @@ def _free_fields(resolved) -> tuple[str, ...]:
         fields.remove("inter_bw_efficiency")
     if all(crosses):
         fields.remove("intra_bw_efficiency")
+    if any(cluster.peak_bf16_tflops is not None for _, cluster, _, _ in resolved):
+        fields.remove("cpu_share_exponent")  # GPU rows: each rank has its own device
     return tuple(fields)
 
 
@@ -164,7 +169,7 @@ def report(rows: list[dict], params: CostParams, *, clusters=None, models=None,
 
 def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
         models: dict[str, ModelSpec] | None = None,
-        start: CostParams = CostParams()) -> tuple[CostParams, FitReport]:
+        start: CostParams = CostParams(), n_starts: int = N_STARTS) -> tuple[CostParams, FitReport]:
     """Fit the free parameters to ``rows`` (one cluster and env tag); returns them and the fit."""
     rows = [r for r in rows if r.get("median_s")]
     if not rows:
@@ -178,12 +183,16 @@ def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
 
     def loss(x: list[float]) -> float:
         errs = _errors(resolved, params_at(x))
-        return sum(e * e for e in errs) + PRIOR_WEIGHT * sum((a - b) ** 2 for a, b in zip(x, x0))
+        pull = sum((a - b) ** 2 for a, b in zip(x, x0))
+        out_of_bounds = sum(max(0.0, abs(a - b) - BOUND_LOG) ** 2 for a, b in zip(x, x0))
+        return sum(e * e for e in errs) + PRIOR_WEIGHT * pull + 1e3 * out_of_bounds
 
-    x, best = x0, loss(x0)
-    for step in (1.0, 0.3, 0.1):  # restarts: Nelder-Mead can stall on a flat face
+    rng = random.Random(0)  # a few seeded starts: the log-time surface has local minima
+    starts = [x0] + [[v + rng.gauss(0.0, 1.5) for v in x0] for _ in range(n_starts - 1)]
+    x = min((nelder_mead(loss, s) for s in starts), key=loss)
+    for step in (0.3, 0.1):  # polish: Nelder-Mead can stall on a flat face
         x_new = nelder_mead(loss, x, step=step)
-        x, best = (x_new, loss(x_new)) if loss(x_new) < best else (x, best)
+        x = x_new if loss(x_new) < loss(x) else x
     r0 = rows[0]
     when = datetime.date.today().isoformat()
     params = params_at(x).replace(
@@ -201,6 +210,7 @@ def holdout_error(rows: list[dict], train_seqs, test_seqs, **kw) -> tuple[CostPa
         raise ValueError(f"holdout needs rows in both {sorted(train_seqs)=} and {sorted(test_seqs)=}")
     params, train_report = fit(train, **kw)
     kw.pop("start", None)
+    kw.pop("n_starts", None)
     return params, train_report, report(test, params, fitted=train_report.fitted, **kw)
 
 

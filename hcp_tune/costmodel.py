@@ -50,6 +50,7 @@ FIT_START = {"large_block_tokens": 1e6}  # where a fit starts a parameter whose 
 FIT_FIELDS = (  # the free parameters calibrate.fit may move
     "compute_efficiency", "intra_bw_efficiency", "inter_bw_efficiency",
     "latency_multiplier", "layer_overhead_us", "half_efficiency_tokens", "large_block_tokens",
+    "cpu_share_exponent",
 )
 
 
@@ -82,6 +83,10 @@ class CostParams:
     magnitude); on CPU the Python and process overhead, which calibration fits."""
     cpu_core_gflops: float = 10.0
     """CPU profiles have no peak: a nominal fp32 GFLOP/s per core, to be calibrated."""
+    cpu_share_exponent: float = 1.0
+    """CPU only: with more ranks than cores each rank gets ``(cores/ranks)**exponent`` of a
+    core; 1 is a fair share, above 1 models the cycles lost to ranks busy-waiting in gloo
+    collectives and to context switches when the machine is oversubscribed."""
     cpu_cores: int = 0
     """Cores the CPU ranks share (0: this machine's ``os.cpu_count()``)."""
     source: str = "uncalibrated defaults"
@@ -161,7 +166,8 @@ def peak_flops(cluster: ClusterProfile, params: CostParams, dtype: str, ranks_on
     if cluster.peak_bf16_tflops is not None:
         return cluster.peak_bf16_tflops * 1e12 * (0.5 if dtype == "fp32" else 1.0)
     cores = params.cpu_cores or os.cpu_count() or 1
-    return params.cpu_core_gflops * 1e9 * min(1.0, cores / ranks_on_node)
+    share = min(1.0, cores / ranks_on_node) ** params.cpu_share_exponent
+    return params.cpu_core_gflops * 1e9 * share
 
 
 def _link(cluster: ClusterProfile, params: CostParams, crosses: bool) -> tuple[float, float]:
