@@ -22,7 +22,8 @@ commands:
             e.g. plan cp=8 seq=131072 model=llama3-8b cluster=dgx-h100
   validate  check a Bridge config against every HCP rule and print the fixes
             e.g. validate run_config.yaml model.cp_comm_type=a2a+p2p cluster=dgx-h100
-
+  predict   predicted step time, memory and breakdown of every layout (cost model, no GPU)
+            e.g. predict cp=8 seq=131072 model=llama3-8b cluster=dgx-h100
   sweep     measure every kept layout (SLURM or local), rank them, write results/
             e.g. sweep cp=4 seq=[2048,4096] model=tiny cluster=local executor=slurm
   recommend the best measured layout for one key, as Bridge overrides
@@ -46,6 +47,20 @@ def cmd_plan(args: list[str]) -> int:
         from hcp_tune import ui
 
         ui.print_plan(rows)
+    return EXIT_OK
+
+
+def cmd_predict(args: list[str]) -> int:
+    from hcp_tune import config, predict
+
+    cfg = config.load(args)
+    rows = predict.predict_rows(cfg)
+    if cfg.format == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        from hcp_tune import ui
+
+        ui.print_predict(rows)
     return EXIT_OK
 
 
@@ -191,6 +206,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "sweep": cmd_sweep,
     "recommend": cmd_recommend,
     "trial": cmd_trial,
+    "predict": cmd_predict,
 }
 
 

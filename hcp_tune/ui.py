@@ -163,3 +163,39 @@ def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list
     ))
     out.print("\nBridge overrides:\n  " + escape(" ".join(overrides)))
     out.print("\nPython:\n  " + "\n  ".join(escape(p) for p in python))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f}"
+
+
+def print_predict(pred: dict[str, Any]) -> None:
+    """The cost model's table: every number PREDICTED, with the parameters' source."""
+    rows = pred["candidates"]
+    table = Table(
+        title=f"PREDICTED (cost model, not measured): model={pred['model']} "
+        f"cluster={pred['cluster']} cp={pred['cp']} mbs={pred['mbs']} {pred['dtype']}; "
+        f"params: {pred['params_source']}",
+        show_lines=False,
+    )
+    for col in ("tp", "seq", "rank", "[a2a,p2p]", "comm", "step ms (pred)", "vs best",
+                "compute ms", "exposed a2a ms", "exposed p2p ms", "other ms",
+                "memory GiB (pred)", "fits", "note"):
+        table.add_column(escape(col), overflow="fold")
+    for r in rows:
+        b = r["breakdown_s"]
+        fits = "yes" if r["fits_memory"] else f"[red]no (> {pred['gpu_memory_gib']:g})[/]"
+        table.add_row(
+            str(r["tp"]), str(r["seq"]), str(r["rank"]), escape(f"[{r['a2a']},{r['p2p']}]"),
+            r["comm_type"], _ms(r["predicted_step_time_s"]), f"{r['vs_best']:.3f}x",
+            _ms(b["compute_s"]), _ms(b["exposed_a2a_s"]), _ms(b["exposed_p2p_s"]),
+            _ms(b["other_s"]), f"{r['predicted_memory_gib']:.1f}", fits,
+            escape("; ".join(r["flags"])) or "-",
+        )
+    out = console()
+    out.print(table)
+    for r in pred["rejected"]:
+        out.print(escape(f"rejected tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: "
+                         + "; ".join(r["reasons"])))
+    out.print(escape(f"every number above is {pred['label']}; measure with "
+                     "`python -m hcp_tune sweep ...` on the cluster"))

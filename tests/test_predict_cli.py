@@ -1,0 +1,141 @@
+"""``predict`` as a user meets it, and the ordering / skipping / runner choice sweeps use."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hcp_tune import config, predict
+from hcp_tune.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "hcp_tune", *args], capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=120,
+    )
+
+
+def test_predict_json_is_best_first_and_labelled():
+    r = run("predict", "cp=8", "seq=131072", "model=llama3-8b", "cluster=dgx-h100", "format=json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["label"] == "predicted (uncalibrated defaults)"
+    assert out["params_source"] == "uncalibrated defaults"
+    rows = out["candidates"]
+    assert sorted(tuple(c["sizes"]) for c in rows) == [(1, 8), (2, 4), (4, 2), (8, 1)]
+    assert [c["rank"] for c in rows] == [1, 2, 3, 4]
+    times = [c["predicted_step_time_s"] for c in rows]
+    assert times == sorted(times) and rows[0]["vs_best"] == 1.0
+    for c in rows:
+        assert c["label"].startswith("predicted")
+        b = c["breakdown_s"]
+        assert set(b) == {"compute_s", "exposed_a2a_s", "exposed_p2p_s", "other_s"}
+        assert sum(b.values()) == pytest.approx(c["predicted_step_time_s"])
+        assert c["memory_gib"]["total_gib"] == pytest.approx(c["predicted_memory_gib"])
+    assert out["rejected"] == []
+
+
+def test_predict_lists_rejected_layouts_with_reasons_and_no_numbers():
+    r = run("predict", "cp=16", "tp=2", "seq=[8192,131072]", "format=json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rej = out["rejected"]
+    assert {tuple(x["sizes"]) for x in rej} == {(8, 2), (16, 1)}
+    assert all("predicted_step_time_s" not in x and x["reasons"] for x in rej)
+    first = [c for c in out["candidates"] if c["rank"] == 1]
+    assert [(c["seq"], c["sizes"]) for c in first] == [(8192, [4, 4]), (131072, [4, 4])]
+
+
+def test_predict_table_says_predicted_and_which_params():
+    r = run("predict", "cp=4", "seq=8192", "model=tiny", "cluster=local")
+    assert r.returncode == 0, r.stderr
+    assert "PREDICTED (cost model, not measured)" in r.stdout
+    assert "params: uncalibrated defaults" in r.stdout
+    assert "CPU nominal 10 GFLOP/s/core" in r.stdout
+
+
+def test_predict_bad_override_is_one_line_exit_2():
+    r = run("predict", "cp=8", "seq=1000")
+    assert r.returncode == 0  # illegal seq: every layout is rejected, with the fix
+    r = run("predict", "cp=eight")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("hcp-tune: error: cp=")
+
+
+def test_predict_does_not_import_torch():
+    code = ("import sys, contextlib, io\n"
+            "from hcp_tune.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = main(['predict', 'cp=8', 'seq=131072', 'format=json'])\n"
+            "assert rc == 0, rc\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ ordering and skipping
+
+def test_ordering_is_fastest_first_per_key():
+    cfg = config.load(["cp=16", "tp=2", "seq=[8192,131072]"])
+    ordered = predict.ordering(cfg)
+    assert all(c.kept for c, _ in ordered)
+    for seq in (8192, 131072):
+        times = [p.step_time_s for c, p in ordered if c.seq == seq]
+        assert len(times) == 3 and times == sorted(times)
+
+
+def test_skip_is_off_by_default():
+    cfg = config.load(["cp=16", "tp=2", "seq=8192"])
+    assert cfg.search["skip_predicted_slower_than"] is None
+    assert predict.skip_slower_than(predict.ordering(cfg), None) == []
+
+
+def test_skip_slower_than_factor_records_predicted_numbers():
+    cfg = config.load(["cp=16", "tp=2", "seq=8192"])
+    skipped = predict.skip_slower_than(predict.ordering(cfg), 1.5)
+    assert [(s["a2a"], s["p2p"]) for s in skipped] == [(1, 16)]
+    s = skipped[0]
+    assert s["status"] == "skipped" and s["predicted"]["label"].startswith("predicted")
+    assert "> skip_predicted_slower_than=1.5" in s["reason"]
+
+
+@pytest.mark.parametrize("factor", [0.5, "fast", True])
+def test_skip_factor_below_one_is_refused_with_the_fix(factor):
+    with pytest.raises(ConfigError, match="expected a number >= 1"):
+        predict.skip_slower_than([], factor)
+
+
+# ------------------------------------------------------------------ runner choice
+
+def test_runner_model_and_auto_are_options():
+    assert config.load(["runner=model"]).runner["name"] == "model"
+    assert config.load(["runner=auto"]).runner["name"] == "auto"
+
+
+def test_auto_without_gpu_or_slurm_predicts_and_says_how_to_measure(monkeypatch):
+    monkeypatch.setattr(predict.shutil, "which", lambda name: None)
+    runner, why = predict.resolve_runner("auto")
+    assert runner == "model"
+    assert why == ("runner=auto: no GPU and no SLURM here: predicting with the cost model; "
+                   "run on a cluster with executor=slurm runner=attention to measure")
+
+
+@pytest.mark.parametrize("present", ["nvidia-smi", "sbatch"])
+def test_auto_with_gpu_or_slurm_measures(monkeypatch, present):
+    monkeypatch.setattr(predict.shutil, "which", lambda name: "/x" if name == present else None)
+    runner, why = predict.resolve_runner("auto")
+    assert runner == "attention" and "measuring with runner=attention" in why
+
+
+def test_explicit_runners_pass_through():
+    assert predict.resolve_runner("attention") == ("attention", "")
+    assert predict.resolve_runner("model")[0] == "model"
+    with pytest.raises(ConfigError, match="runner='gpu': expected one of attention, bridge"):
+        predict.resolve_runner("gpu")
