@@ -118,12 +118,35 @@ def cmd_validate(args: list[str]) -> int:
 
 
 def cmd_sweep(args: list[str]) -> int:
-    from hcp_tune import config, sweep, ui
+    import dataclasses
+
+    from hcp_tune import config, predict, ui
 
     cfg = config.load(args)
-    summary = sweep.Sweeper(cfg, ui.SweepReporter()).run()
+    runner, reason = predict.resolve_runner(str(cfg.runner.get("name", "auto")))
+    if reason:
+        print(reason, file=sys.stderr)
+    if runner == "model":
+        rows = predict.predict_rows(cfg)
+        if cfg.format == "json":
+            print(json.dumps(rows, indent=2))
+        else:
+            ui.print_predict(rows)
+        return EXIT_OK
+    from hcp_tune import sweep
+
+    cfg = dataclasses.replace(cfg, runner={**cfg.runner, "name": runner})
+    ordered = predict.ordering(cfg)
+    order = {}
+    if cfg.search.get("order_by_prediction", True):
+        order = {(c.tp, c.seq, c.layout.a2a): p.step_time_s for c, p in ordered}
+    skips = predict.skip_slower_than(ordered, cfg.search.get("skip_predicted_slower_than"))
+    summary = sweep.Sweeper(cfg, ui.SweepReporter(), order=order, skips=skips).run()
     done = ", ".join(f"{v} {k}" for k, v in sorted(summary.by_status.items())) or "nothing new"
     print(f"sweep: stored {summary.stored} trial(s) ({done}); results in {cfg.results_dir}/")
+    if summary.pruned:
+        print(f"early stopping: {summary.pruned} trial(s) pruned, "
+              f"{summary.pruned_saved_steps} measured step(s) not run")
     keys = {(tp, seq) for tp in cfg.tps for seq in cfg.seqs}
     recs = [r for r in summary.recommendations
             if (r["tp"], r["seq"]) in keys and r["cp"] == cfg.cp
@@ -177,12 +200,19 @@ def cmd_recommend(args: list[str]) -> int:
             "env_tag": cfg.env_tag if "env_tag" in given else None}
     recs = ResultStore(cfg.results_dir).recommendations()
     rec, near = recommend.answer(recs, want)
+    predicted = None
+    if rec is None:
+        from hcp_tune import predict
+
+        ranked = predict.predict_rows(cfg)["candidates"]
+        predicted = ranked[0] if ranked else None
     if cfg.format == "json":
         print(json.dumps({
             "found": rec is not None, "recommendation": rec,
             "bridge_overrides": recommend.bridge_overrides(rec) if rec else None,
             "python": recommend.python_form(rec) if rec else None,
             "nearest_measured": near,
+            "prediction": predicted,
         }, indent=2, default=str))
     elif rec:
         from hcp_tune import ui
@@ -197,6 +227,11 @@ def cmd_recommend(args: list[str]) -> int:
                 print(f"  {recommend.key_text(r)} -> [{r['a2a']},{r['p2p']}]")
         else:
             print("nothing has been measured there yet: run `python -m hcp_tune sweep ...` first")
+        if predicted:
+            print(f"\nPREDICTED, not measured ({predicted['label']}): "
+                  f"[{predicted['a2a']},{predicted['p2p']}] {predicted['comm_type']}, "
+                  f"{predicted['predicted_step_time_s']:.4g} s per step")
+            print("  " + " ".join(predicted["bridge_overrides"]))
     return EXIT_OK if rec else EXIT_NOT_FOUND
 
 

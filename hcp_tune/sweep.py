@@ -135,6 +135,7 @@ class SweepSummary:
     by_status: dict[str, int] = field(default_factory=dict)
     resumed: int = 0
     reattached: int = 0
+    pruned: int = 0
     pruned_saved_steps: int = 0
     recommendations: list[dict[str, Any]] = field(default_factory=list)
 
@@ -142,7 +143,8 @@ class SweepSummary:
 class Sweeper:
     """One sweep run: plans the work, keeps the slots full, stores every outcome."""
 
-    def __init__(self, cfg: SweepConfig, reporter: Any, order: Optional[dict] = None) -> None:
+    def __init__(self, cfg: SweepConfig, reporter: Any, order: Optional[dict] = None,
+                 skips: Optional[list[dict[str, Any]]] = None) -> None:
         from hcp_tune import tuner
 
         self.cfg = cfg
@@ -162,6 +164,8 @@ class Sweeper:
         storage = cfg.search.get("storage") or str(cfg.results_dir / "optuna.journal")
         self.storage = tuner.open_storage(storage)
         self.order = order or {}  # (tp, seq, a2a) -> predicted seconds, best first
+        # (tp, seq, a2a) -> why the cost model says not to measure it (skip factor)
+        self.skips = {(s["tp"], s["seq"], s["a2a"]): s for s in (skips or [])}
         self.queue: list[Work] = []
         self.running: list[Running] = []
         self.summary = SweepSummary()
@@ -202,12 +206,27 @@ class Sweeper:
                 done[o.a2a] = done.get(o.a2a, 0) + 1
                 self.summary.reattached += 1
             ordered = sorted(kept, key=lambda c: self.order.get((c.tp, c.seq, c.layout.a2a), 0.0))
+            for cand in ordered:
+                skip = self.skips.get((cand.tp, cand.seq, cand.layout.a2a))
+                if skip and not done.get(cand.layout.a2a):
+                    self._store_skipped(key, cand, skip)
+                    done[cand.layout.a2a] = self.repeats
             for _ in range(self.repeats):
                 for cand in ordered:
                     if done.get(cand.layout.a2a, 0) > 0:
                         done[cand.layout.a2a] -= 1
                         continue
                     self.queue.append(Work(key, study, cand, kept))
+
+    def _store_skipped(self, key: SweepKey, cand: Candidate, skip: dict[str, Any]) -> None:
+        trial_id = f"{key.slug}-skip-a{cand.layout.a2a}"
+        spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
+        result = TrialResult(trial_id=trial_id, status=Status.SKIPPED, error=skip["reason"])
+        row = trial_row(key, spec, result,
+                        predicted_step_s=skip["predicted"]["step_time_s"])
+        self.store.add(row, key)
+        self.summary.by_status["skipped"] = self.summary.by_status.get("skipped", 0) + 1
+        self.reporter.trial(spec, "skipped", skip["reason"])
 
     def _note_best(self, key: SweepKey, row: dict[str, Any]) -> None:
         if row["status"] == Status.OK.value and row.get("median_s"):
@@ -302,6 +321,7 @@ class Sweeper:
             return False
         dispatch.cancel([run.handle])
         best = self.best[run.key.name]["median_s"]
+        self.summary.pruned += 1
         self.summary.pruned_saved_steps += max(0, run.spec.measure_steps - len(steps))
         self.record(run, partial_result(
             run.spec, Status.PRUNED, steps,
