@@ -255,7 +255,11 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) ->
 
 
 def run_trials(specs: list[TrialSpec]) -> list[TrialResult]:
-    """Several trials in the same processes; after a FAILED one the rest are SKIPPED."""
+    """Several trials in the same processes; after a FAILED one the rest are SKIPPED.
+
+    The world group is created once, with the first trial's ``comm_timeout_s``; each
+    trial's Megatron-Core groups get their own.
+    """
     out: list[TrialResult] = []
     broken: Optional[TrialResult] = None
     for spec in specs:
