@@ -44,6 +44,7 @@ from hcp_tune.spec import (
 
 STARTUP_S = 120.0  # imports (torch, Megatron-Core) and rendezvous on a loaded machine
 GRACE_S = 15.0  # after one rank died: time for the others to see it and write results
+RANK0_DONE_GRACE_S = 5.0  # after rank 0 exited: its result is in; others only add a cause
 POLL_S = 0.1
 _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*")
 
@@ -129,23 +130,24 @@ def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
                 [sys.executable, "-m", "hcp_tune.job.entry", *args], stdout=fh,
                 stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True))
     deadline = start + limit
+    shortened = False  # the deadline was cut because a rank died or rank 0 finished
     timed_out = False
-    died: Optional[int] = None  # the first rank that exited with an error
     comm_timeout = max(s.comm_timeout_s for s in specs)
     while any(p.poll() is None for p in procs):
         now = time.monotonic()
         if now > deadline:
             timed_out = True
             break
-        bad = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
-        if bad and died is None:  # one died: the rest get the comm timeout and a grace
-            died = bad[0]
-            deadline = min(deadline, now + comm_timeout + GRACE_S)
+        if any(p.returncode not in (None, 0) for p in procs) and not shortened:
+            # one died: the rest get the comm timeout to notice it and write their results
+            deadline, shortened = min(deadline, now + comm_timeout + GRACE_S), True
+        if procs[0].returncode is not None:  # rank 0 is done: don't wait on a hung rank
+            deadline, shortened = min(deadline, now + RANK0_DONE_GRACE_S), True
         time.sleep(POLL_S)
     _kill(procs)
     wall = time.monotonic() - start
     codes = [p.returncode for p in procs]
-    return [_collect(spec, out, world, logs, codes, timed_out and died is None, limit, wall)
+    return [_collect(spec, out, world, logs, codes, timed_out and not shortened, limit, wall)
             for spec, out in zip(specs, outs)]
 
 

@@ -66,7 +66,8 @@ class TrialSpec:
     progress_path: Optional[str] = None  # per-step progress lines for early stopping
     env_tag: str = "default"
     # tests only: cp_off (no CP communication: each rank attends to its own chunks) |
-    # no_groups (HCP groups never created) | raise | kill_rank (last rank exits mid-trial)
+    # no_groups (HCP groups never created) | raise | kill_rank (last rank exits mid-trial) |
+    # hang_rank (last rank stops answering mid-trial: only the comm timeout ends the others)
     inject_fault: Optional[str] = None
 
     @property

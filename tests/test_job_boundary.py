@@ -49,7 +49,8 @@ def test_blocker_really_blocks():
 
 def test_job_package_lists_only_allowed_imports():
     allowed = {"__future__", "dataclasses", "datetime", "importlib", "json", "math", "os",
-               "platform", "re", "resource", "socket", "subprocess", "sys", "time", "typing",
+               "platform", "re", "resource", "socket", "subprocess", "sys", "threading", "time",
+               "typing",
                "pathlib", "torch", "megatron", "transformer_engine", "submitit", "hcp_tune"}
     import ast
     for path in sorted((ROOT / "hcp_tune" / "job").glob("*.py")):

@@ -69,3 +69,12 @@ def test_launcher_backstop_kills_processes_past_its_limit(tmp_path):
     res = run_local(spec, workdir=tmp_path, timeout_s=0.5)  # shorter than interpreter start-up
     assert res.status == Status.FAILED and res.failure_class == FailureClass.TIME_LIMIT
     assert res.error.startswith("time limit: the launcher's limit of 0s passed; killed 2 processes")
+
+
+@pytest.mark.multiproc
+def test_hung_rank_ends_the_others_by_the_comm_timeout(tmp_path):
+    """A peer that stops answering (no socket closes) is caught by the process-group timeout."""
+    spec = make_spec(Layout(1, 2), inject_fault="hang_rank", comm_timeout_s=5.0)
+    res = run_local(spec, workdir=tmp_path, timeout_s=180)  # the backstop, far above 5 s
+    assert res.status == Status.FAILED and res.failure_class == FailureClass.COMM, res.error
+    assert "timed out" in res.error.lower() or "timeout" in res.error.lower(), res.error

@@ -1,4 +1,4 @@
-"""The job side: what runs on every rank of a trial (docs/DESIGN section 2).
+"""The job side: what runs on every rank of a trial (../shared/DESIGN.md section 2).
 
 Modules here import only the standard library, torch, megatron.core, transformer_engine
 (lazily, on the TE path), submitit (lazily, only to read a SLURM job's environment),

@@ -23,6 +23,7 @@ import os
 import platform
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -32,7 +33,7 @@ from hcp_tune.spec import (
     first_error_line, spec_from_json, to_json,
 )
 
-FAULTS = (None, "cp_off", "no_groups", "raise", "kill_rank")
+FAULTS = (None, "cp_off", "no_groups", "raise", "kill_rank", "hang_rank")
 KILL_EXIT_CODE = 17
 
 
@@ -164,6 +165,8 @@ def _measure(spec, attn, device, dtype, rank, t0):
         if spec.inject_fault == "kill_rank" and i == kill_at and rank == world - 1:
             sys.stdout.flush()
             os._exit(KILL_EXIT_CODE)  # tests only: a rank lost mid-trial
+        if spec.inject_fault == "hang_rank" and i == kill_at and rank == world - 1:
+            threading.Event().wait()  # tests only: a rank that stops answering, forever
         q.grad = k.grad = v.grad = None
         attn(q, k, v).backward(dout)
 
@@ -252,7 +255,11 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) ->
 
 
 def run_trials(specs: list[TrialSpec]) -> list[TrialResult]:
-    """Several trials in the same processes; after a FAILED one the rest are SKIPPED."""
+    """Several trials in the same processes; after a FAILED one the rest are SKIPPED.
+
+    The world group is created once, with the first trial's ``comm_timeout_s``; each
+    trial's Megatron-Core groups get their own.
+    """
     out: list[TrialResult] = []
     broken: Optional[TrialResult] = None
     for spec in specs:
