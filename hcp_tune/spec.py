@@ -63,6 +63,7 @@ class TrialSpec:
     verify_seq: int = 0  # sequence length of the CP-active proof; 0 = choose (small)
     expected_groups: dict[str, list[list[int]]] = field(default_factory=dict)
     peak_tflops: Optional[float] = None  # hardware ceiling: a faster measurement is invalid
+    device: str = "any"  # cuda: the cluster profile promises GPUs, a node without is an error
     progress_path: Optional[str] = None  # per-step progress lines for early stopping
     env_tag: str = "default"
     # tests only: cp_off (no CP communication: each rank attends to its own chunks) |

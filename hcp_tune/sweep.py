@@ -42,6 +42,7 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
         warmup_steps=int(r.get("warmup_steps", 2)), measure_steps=int(r.get("measure_steps", 5)),
         time_limit_s=float(r.get("time_limit_s", 600)),
         expected_groups=cand.groups.as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
+        device=cfg.cluster.device,
         progress_path=str(progress_dir / f"{trial_id}.jsonl"), env_tag=cfg.env_tag,
         inject_fault=r.get("inject_fault"),
     )

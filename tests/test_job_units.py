@@ -130,3 +130,21 @@ def test_te_attention_on_hierarchical_groups(tmp_path):
     assert res.status == Status.OK, f"{res.error} (log {res.log_path})"
     assert res.backend == "te" and res.verification["numerics"]["tolerance"] == 2.5e-2
     assert res.fingerprint["gpu"] and res.fingerprint["transformer_engine"]
+
+
+def test_gpu_profile_trial_on_a_node_without_cuda_is_an_environment_failure():
+    import torch
+
+    from hcp_tune.job.entry import EnvironmentProblem, choose_backend, classify
+    from hcp_tune.layout import Layout
+    from hcp_tune.spec import FailureClass
+
+    if torch.cuda.is_available():
+        pytest.skip("this node has CUDA: the failure cannot happen here")
+    from conftest import make_spec
+
+    spec = make_spec(Layout(2, 2), device="cuda")
+    with pytest.raises(EnvironmentProblem, match="no CUDA device on this node") as err:
+        choose_backend(spec)
+    assert classify(err.value)[0] is FailureClass.ENVIRONMENT
+    assert choose_backend(make_spec(Layout(2, 2), device="cpu"))[0] == "torch"

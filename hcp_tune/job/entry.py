@@ -62,6 +62,10 @@ def choose_backend(spec: TrialSpec):
 
     if spec.runner != "attention":
         raise EnvironmentProblem(f"runner {spec.runner!r} is not implemented in this job yet")
+    if spec.device == "cuda" and not torch.cuda.is_available():
+        raise EnvironmentProblem(
+            "no CUDA device on this node, but the trial is for a GPU cluster profile "
+            "(measure CPU trials with cluster=local)")
     reason = te_unavailable_reason()
     if spec.backend == "te" and reason:
         raise EnvironmentProblem(f"backend=te requested, but {reason}")
