@@ -6,7 +6,7 @@ legal [a2a, p2p] split, several sequence lengths; fits the cost model on some le
 reports the relative error on the lengths left out. Writes the measured rows (JSONL), the
 fitted parameters (results/calibration/local__<env_tag>.json) and a Markdown summary.
 
-    python benchmarks/calibrate_cpu.py [--job-root DIR] [--rows FILE] [--out CALIBRATION_RESULTS.md]
+    python benchmarks/calibrate_cpu.py [--job-root DIR] [--rows FILE] [--out benchmarks/RESULTS-calibration.md]
 
 ``--job-root`` is a checkout that has ``hcp_tune.launch`` (the measuring side); it runs in
 a subprocess with that checkout first on PYTHONPATH. ``--rows FILE`` skips measuring and
@@ -98,7 +98,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job-root", default=str(REPO), help="checkout with hcp_tune.launch")
     ap.add_argument("--rows", help="refit these measured rows (JSONL) instead of measuring")
-    ap.add_argument("--out", default=str(REPO / "CALIBRATION_RESULTS.md"))
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS-calibration.md"))
     ap.add_argument("--results-dir", default=str(REPO / "results"))
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
