@@ -36,17 +36,21 @@ model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true
 """
 
 
+def _show(fmt: str, data: dict, table: str) -> None:
+    """``format=json`` prints ``data``; otherwise ``ui.<table>`` renders the same data."""
+    if fmt == "json":
+        print(json.dumps(data, indent=2, default=str))
+        return
+    from hcp_tune import ui
+
+    getattr(ui, table)(data)
+
+
 def cmd_plan(args: list[str]) -> int:
     from hcp_tune import config, plan
 
     cfg = config.load(args)
-    rows = plan.plan_rows(cfg)
-    if cfg.format == "json":
-        print(json.dumps(rows, indent=2))
-    else:
-        from hcp_tune import ui
-
-        ui.print_plan(rows)
+    _show(cfg.format, plan.plan_rows(cfg), "print_plan")
     return EXIT_OK
 
 
@@ -54,13 +58,7 @@ def cmd_predict(args: list[str]) -> int:
     from hcp_tune import config, predict
 
     cfg = config.load(args)
-    rows = predict.predict_rows(cfg)
-    if cfg.format == "json":
-        print(json.dumps(rows, indent=2))
-    else:
-        from hcp_tune import ui
-
-        ui.print_predict(rows)
+    _show(cfg.format, predict.predict_rows(cfg), "print_predict")
     return EXIT_OK
 
 
@@ -127,11 +125,7 @@ def cmd_sweep(args: list[str]) -> int:
     if reason:
         print(reason, file=sys.stderr)
     if runner == "model":
-        rows = predict.predict_rows(cfg)
-        if cfg.format == "json":
-            print(json.dumps(rows, indent=2))
-        else:
-            ui.print_predict(rows)
+        _show(cfg.format, predict.predict_rows(cfg), "print_predict")
         return EXIT_OK
     from hcp_tune import sweep
 
