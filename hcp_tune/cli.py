@@ -138,6 +138,8 @@ def cmd_sweep(args: list[str]) -> int:
     summary = sweep.Sweeper(cfg, ui.SweepReporter(), order=order, skips=skips).run()
     done = ", ".join(f"{v} {k}" for k, v in sorted(summary.by_status.items())) or "nothing new"
     print(f"sweep: stored {summary.stored} trial(s) ({done}); results in {cfg.results_dir}/")
+    if summary.aborted:
+        print(f"sweep: {summary.aborted}", file=sys.stderr)
     if summary.pruned:
         print(f"early stopping: {summary.pruned} trial(s) pruned, "
               f"{summary.pruned_saved_steps} measured step(s) not run")
@@ -147,7 +149,7 @@ def cmd_sweep(args: list[str]) -> int:
             and r["cluster"] == cfg.cluster.name and r["model"] == cfg.model.name]
     if recs:
         ui.print_recommendations(recs, f"ranked: {cfg.results_dir}/recommendations.csv")
-    return EXIT_OK
+    return EXIT_FINDINGS if summary.aborted else EXIT_OK
 
 
 def cmd_trial(args: list[str]) -> int:

@@ -137,6 +137,7 @@ class SweepSummary:
     resumed: int = 0
     reattached: int = 0
     pruned: int = 0
+    aborted: str = ""  # why the sweep stopped submitting early, if it did
     pruned_saved_steps: int = 0
     recommendations: list[dict[str, Any]] = field(default_factory=list)
 
@@ -292,6 +293,13 @@ class Sweeper:
         run.study.tell(run.number, result.status, values)
         self._note_best(run.key, row)
         self.summary.stored += 1
+        if result.failure_class is FailureClass.ENVIRONMENT and self.queue:
+            # the same software stack runs every trial: the rest would fail the same way
+            self.summary.aborted = (
+                f"stopped submitting after an environment failure ({result.error}); "
+                f"{len(self.queue)} trial(s) not run: fix the environment and run the same "
+                "command again to resume")
+            self.queue.clear()
         s = result.status.value
         self.summary.by_status[s] = self.summary.by_status.get(s, 0) + 1
         detail = f"median {result.median_s:.4g} s" if result.median_s else (result.error or "")

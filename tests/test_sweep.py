@@ -148,3 +148,16 @@ def test_planted_cp_off_is_never_ranked(tmp_path):
     assert {x["status"] for x in rows(res)} == {"invalid"}
     r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=1024", f"results_dir={res}")
     assert r.returncode == 3
+
+
+def test_environment_failure_stops_the_sweep_and_says_how_to_resume(tmp_path):
+    res = tmp_path / "results"
+    # a GPU cluster profile on this CPU machine: every trial would fail the same way
+    r = hcp("sweep", "cp=2", "seq=1024", "model=tiny", "cluster=dgx-h100", "runner=attention",
+            "runner.warmup_steps=1", "runner.measure_steps=3", "executor=local",
+            f"results_dir={res}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    (row,) = rows(res)
+    assert row["status"] == "failed" and row["failure_class"] == "environment"
+    assert "no CUDA device on this node" in row["error"]
+    assert "1 trial(s) not run" in r.stderr and "run the same command again" in r.stderr
