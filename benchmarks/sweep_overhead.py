@@ -58,6 +58,9 @@ def main() -> None:
         wall = time.monotonic() - t0
         rows = [json.loads(p.read_text()) for p in Path(tmp, "rows").glob("*/*.json")]
     durations = [r["wall_s"] for r in rows if r.get("wall_s")]
+    statuses = sorted({r["status"] for r in rows})
+    print(f"trial statuses: {statuses}; trial wall_s is rank 0's run_trial (after the "
+          "imports), so the ratio also counts process start-up and imports in the job")
     slots = 1  # the local profile is a CPU profile: the sweep runs one trial at a time
     ideal = packed_makespan(durations, slots)
     print(f"| trials | slots | sweep wall s | sum of trial wall s | ideal packed s | overhead |")

@@ -16,14 +16,17 @@ submitit's own watcher asks only ``sacct``, which a cluster without slurmdbd lac
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import math
+import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import submitit
 from submitit.core.utils import JobPaths
@@ -266,16 +269,38 @@ def _executor_kind(executor: Any) -> str:
     return "local" if isinstance(executor, submitit.LocalExecutor) else "slurm"
 
 
+@contextlib.contextmanager
+def _controller_stderr(executor: Any) -> Iterator[None]:
+    """Local jobs: the submitit controller process inherits our stderr, and prints a
+    KeyboardInterrupt traceback there when a job is cancelled. Point the stderr it
+    inherits at a file in the job folder instead, so the user's terminal stays clean."""
+    if _executor_kind(executor) != "local":
+        yield
+        return
+    root = Path(str(executor.folder).replace("%j", "")).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(root / "controllers.err", "ab") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def submit(executor: Any, fn: Callable[..., Any], *args: Any) -> JobHandle:
     """Submit one job running ``fn(*args)``."""
-    job = executor.submit(fn, *args)
+    with _controller_stderr(executor):
+        job = executor.submit(fn, *args)
     return _handle(job, _executor_kind(executor), executor.folder)
 
 
 def submit_array(executor: Any, fn: Callable[..., Any], args_list: Sequence[Sequence[Any]]) -> list[JobHandle]:
     """Submit ``fn(*args)`` for each entry; on SLURM one job array (``array_parallelism``)."""
     jobs = []
-    with executor.batch():
+    with _controller_stderr(executor), executor.batch():
         for args in args_list:
             jobs.append(executor.submit(fn, *args))
     return [_handle(job, _executor_kind(executor), executor.folder) for job in jobs]
