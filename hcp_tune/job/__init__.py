@@ -2,7 +2,8 @@
 
 Modules here import only the standard library, torch, megatron.core, transformer_engine
 (lazily, on the TE path), submitit (lazily, only to read a SLURM job's environment),
-``hcp_tune.spec`` and each other. Never hydra, optuna, pandas or rich; a test imports
+``hcp_tune.spec`` and ``hcp_tune.flops`` (both standard-library only, shared with the
+orchestrator) and each other. Never hydra, optuna, pandas or rich; a test imports
 every module with those blocked. This file imports nothing.
 
   dist.py           where rank/world/master come from; process group with a timeout

@@ -32,13 +32,13 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-BACKWARD_FACTOR = 2.5  # FlashAttention convention (Dao et al. 2022/2023)
+from hcp_tune.flops import causal_attention_flops
 
 
 def attention_flops(*, seq: int, heads: int, head_dim: int, mbs: int = 1) -> dict[str, float]:
-    """Model FLOPs of one causal attention layer for the whole sequence (all GPUs)."""
-    fwd = 4.0 * mbs * seq * seq * heads * head_dim / 2.0
-    bwd = BACKWARD_FACTOR * fwd
+    """Model FLOPs of one causal attention layer for the whole sequence (all GPUs); the
+    formula is the one the cost model uses (``hcp_tune/flops.py``)."""
+    fwd, bwd = causal_attention_flops(seq, heads, head_dim, mbs)
     return {"forward": fwd, "backward": bwd, "total": fwd + bwd}
 
 
