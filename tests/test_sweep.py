@@ -161,3 +161,29 @@ def test_environment_failure_stops_the_sweep_and_says_how_to_resume(tmp_path):
     assert row["status"] == "failed" and row["failure_class"] == "environment"
     assert "no CUDA device on this node" in row["error"]
     assert "1 trial(s) not run" in r.stderr and "run the same command again" in r.stderr
+
+
+def test_layouts_predicted_too_slow_are_skipped_with_the_prediction(tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "executor=local",
+            "search.skip_predicted_slower_than=1.0", f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = {x["status"]: x for x in rows(res)}
+    assert sorted(got) == ["ok", "skipped"]  # the best predicted runs, the other is skipped
+    assert "predicted" in got["skipped"]["error"] and got["skipped"]["predicted_step_s"] > 0
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "executor=local",
+            "search.skip_predicted_slower_than=1.0", f"results_dir={res}")
+    assert "0 trial(s) to run" in r.stdout  # a skipped layout is not re-planned on resume
+
+
+def test_recommend_without_measurements_offers_a_labelled_prediction(tmp_path):
+    r = hcp("recommend", "cluster=dgx-h100", "model=llama3-8b", "cp=8", "seq=131072",
+            f"results_dir={tmp_path}", "format=json")
+    assert r.returncode == 3
+    ans = json.loads(r.stdout)
+    assert ans["found"] is False and ans["recommendation"] is None
+    assert ans["prediction"]["label"].startswith("predicted")
+    assert ans["prediction"]["bridge_overrides"][0] == "model.context_parallel_size=8"
+    r = hcp("recommend", "cluster=dgx-h100", "model=llama3-8b", "cp=8", "seq=131072",
+            f"results_dir={tmp_path}")
+    assert "PREDICTED, not measured" in r.stdout
