@@ -260,8 +260,8 @@ class Sweeper:
         batch: list[tuple[Work, int, TrialSpec]] = []
         while free > 0 and self.queue:
             work = self.queue.pop(0)
-            number, trial_id = work.study.ask(work.cand.layout.a2a, work.key.slug)
-            cand = next(c for c in work.kept if c.layout.a2a == work.cand.layout.a2a)
+            number, trial_id, a2a = work.study.ask(work.cand.layout.a2a, work.key.slug)
+            cand = next(c for c in work.kept if c.layout.a2a == a2a)
             spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
             batch.append((work, number, spec))
             free -= 1

@@ -71,8 +71,8 @@ class LayoutStudy:
             if "job_id" not in t.user_attrs:
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
-    def ask(self, a2a: int, trial_id_prefix: str) -> tuple[int, str]:
-        """Start a trial for layout ``a2a``; returns (trial number, trial id)."""
+    def ask(self, a2a: int, trial_id_prefix: str) -> tuple[int, str, int]:
+        """Start a trial for layout ``a2a``; returns (trial number, trial id, a2a it got)."""
         self.study.enqueue_trial({"a2a": a2a})
         trial = self.study.ask()
         got = trial.suggest_categorical("a2a", self.kept)
@@ -81,7 +81,7 @@ class LayoutStudy:
         trial_id = f"{trial_id_prefix}-t{trial.number:03d}-a{a2a}"
         trial.set_user_attr("trial_id", trial_id)
         self._live[trial.number] = trial
-        return trial.number, trial_id
+        return trial.number, trial_id, a2a
 
     def submitted(self, number: int, job_id: str, executor: str, folder: str) -> None:
         trial = self._live[number]

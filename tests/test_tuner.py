@@ -9,10 +9,11 @@ from hcp_tune.tuner import LayoutStudy, open_storage
 def test_study_resumes_from_the_journal_file(tmp_path):
     storage = open_storage(str(tmp_path / "optuna.journal"))
     study = LayoutStudy(storage, "k", [1, 2, 4])
-    n1, id1 = study.ask(2, "slug")
+    n1, id1, got = study.ask(2, "slug")
+    assert got == 2
     assert id1 == f"slug-t{n1:03d}-a2"
     study.submitted(n1, "123", "slurm", "/jobs")
-    n2, _ = study.ask(4, "slug")  # asked, never submitted: the orchestrator died here
+    n2, _, _ = study.ask(4, "slug")  # asked, never submitted: the orchestrator died here
     # a new orchestrator process opens the same journal
     again = LayoutStudy(open_storage(str(tmp_path / "optuna.journal")), "k", [1, 2, 4])
     (o,) = again.outstanding(stored_ids=set())
@@ -25,8 +26,8 @@ def test_study_resumes_from_the_journal_file(tmp_path):
 
 def test_tell_maps_statuses_to_optuna_states(tmp_path):
     study = LayoutStudy(open_storage(str(tmp_path / "j")), "k", [1, 2])
-    a, _ = study.ask(1, "s")
-    b, _ = study.ask(2, "s")
+    a, _, _ = study.ask(1, "s")
+    b, _, _ = study.ask(2, "s")
     study.tell(a, Status.OK, (1.5, 100.0))
     study.tell(b, Status.PRUNED, None)
     trials = {t.number: t for t in study.study.get_trials()}
@@ -37,7 +38,7 @@ def test_tell_maps_statuses_to_optuna_states(tmp_path):
 def test_rdb_url_storage_is_accepted(tmp_path):
     url = f"sqlite:///{tmp_path}/s.db"
     study = LayoutStudy(open_storage(url), "k", [1, 2])
-    n, _ = study.ask(1, "s")
+    n, _, _ = study.ask(1, "s")
     study.tell(n, Status.FAILED, None)
     assert study.study.get_trials()[0].state.name == "FAIL"
 
