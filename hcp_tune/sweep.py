@@ -326,6 +326,8 @@ class Sweeper:
 
     def _prune(self, run: Running) -> bool:
         steps = read_progress(run.spec.progress_path)
+        if len(steps) >= run.spec.measure_steps:
+            return False  # measuring is over: stopping now saves nothing, the result is coming
         if not should_prune(steps, self.best.get(run.key.name)):
             return False
         dispatch.cancel([run.handle])
