@@ -67,3 +67,16 @@ def test_progress_lines_skip_warmup_and_a_half_written_line(tmp_path):
                  '{"phase": "measure", "step_s": 1.25}\n{"phase": "meas')
     assert read_progress(str(p)) == [1.5, 1.25]
     assert read_progress(str(tmp_path / "missing")) == []
+
+
+def test_a_trial_that_measured_all_its_steps_is_never_pruned(tmp_path):
+    from types import SimpleNamespace
+
+    from hcp_tune.sweep import Sweeper
+
+    progress = tmp_path / "t.jsonl"
+    progress.write_text("".join(f'{{"step": {i}, "time_s": 2.0}}\n' for i in range(3)))
+    run = SimpleNamespace(spec=SimpleNamespace(progress_path=str(progress), measure_steps=3),
+                          key=SimpleNamespace(name="k"))
+    me = SimpleNamespace(best={"k": BEST})
+    assert Sweeper._prune(me, run) is False  # 3 of 3 steps done: its result is on its way
