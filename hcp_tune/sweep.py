@@ -196,7 +196,11 @@ class Sweeper:
                 self._note_best(key, r)
             done = {}
             for r in key_rows:
-                if r["status"] != Status.CANCELLED.value:
+                # cancelled trials and environment failures (fixed by the user, then resumed)
+                # are measured again; every other stored outcome stands
+                retry = r["status"] == Status.CANCELLED.value or (
+                    r.get("failure_class") == FailureClass.ENVIRONMENT.value)
+                if not retry:
                     done[r["a2a"]] = done.get(r["a2a"], 0) + 1
             self.summary.resumed += sum(done.values())
             stored_ids = {r["trial_id"] for r in key_rows}

@@ -161,6 +161,12 @@ def test_environment_failure_stops_the_sweep_and_says_how_to_resume(tmp_path):
     assert row["status"] == "failed" and row["failure_class"] == "environment"
     assert "no CUDA device on this node" in row["error"]
     assert "1 trial(s) not run" in r.stderr and "run the same command again" in r.stderr
+    # run again (as after fixing the stack): the environment failure is retried, not kept
+    r = hcp("sweep", "cp=2", "seq=1024", "model=tiny", "cluster=dgx-h100", "runner=attention",
+            "runner.warmup_steps=1", "runner.measure_steps=3", "executor=local",
+            f"results_dir={res}")
+    assert "sweep: 2 trial(s) to run" in r.stdout
+    assert len(rows(res)) == 2  # the first failure stays on record beside the retry
 
 
 def test_layouts_predicted_too_slow_are_skipped_with_the_prediction(tmp_path):
