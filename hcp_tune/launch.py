@@ -37,6 +37,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
+# both import only the standard library at module level (torch is imported inside the job)
+from hcp_tune.job.dist import free_port
+from hcp_tune.job.entry import rank_out_path
 from hcp_tune.spec import (
     FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, classify_error_text,
     first_error_line, result_from_json, to_json,
@@ -49,20 +52,8 @@ POLL_S = 0.1
 _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _project_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
-
-
-def _rank_out(out: Path, rank: int) -> Path:  # mirrors hcp_tune.job.entry.rank_out_path
-    return out if rank == 0 else out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
 
 
 def _log_error(log: Path) -> Optional[str]:
@@ -109,11 +100,11 @@ def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
         spec_path, out = workdir / f"{spec.trial_id}.spec.json", workdir / f"{spec.trial_id}.result.json"
         atomic_write_text(str(spec_path), to_json(spec))
         for r in range(world):
-            _rank_out(out, r).unlink(missing_ok=True)
+            rank_out_path(out, r).unlink(missing_ok=True)
         args += [str(spec_path), str(out)]
         outs.append(out)
     limit = timeout_s if timeout_s is not None else sum(s.time_limit_s for s in specs) + STARTUP_S
-    port = _free_port()
+    port = free_port()
     base = dict(os.environ)
     base.update(HCP_TUNE_LAUNCHER="local", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 WORLD_SIZE=str(world), HCP_TUNE_JOB_ID=f"local-{port}")
@@ -154,7 +145,7 @@ def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
 def _collect(spec, out, world, logs, codes, timed_out, limit, wall) -> TrialResult:
     per_rank = {}
     for r in range(world):
-        path = _rank_out(out, r)
+        path = rank_out_path(out, r)
         if path.exists():
             per_rank[r] = result_from_json(path.read_text())
     res = per_rank.get(0)
