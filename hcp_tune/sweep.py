@@ -22,7 +22,7 @@ from hcp_tune import dispatch
 from hcp_tune.config import SweepConfig
 from hcp_tune.layout import Candidate
 from hcp_tune.plan import candidates
-from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
+from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec, classify_error_text
 from hcp_tune.store import ResultStore, SweepKey, trial_row
 
 POLL_INTERVAL_S = 1.0  # how often the orchestrator polls jobs and progress files
@@ -89,9 +89,9 @@ def partial_result(spec: TrialSpec, status: Status, steps: list[float], error: s
 
 def failed_from_job(spec: TrialSpec, outcome: dispatch.JobOutcome) -> TrialResult:
     """A job that ended without a trial result (killed, timed out, crashed on start)."""
-    text = (outcome.error or outcome.scheduler_state or "job ended without a result").lower()
-    cls = FailureClass.TIME_LIMIT if "timeout" in text or "time limit" in text else (
-        FailureClass.OOM if "out of memory" in text or "oom" in text else FailureClass.UNKNOWN)
+    # SLURM's own verdicts first; otherwise the error text, read as the job side reads it
+    cls = {"TIMEOUT": FailureClass.TIME_LIMIT, "OUT_OF_MEMORY": FailureClass.OOM}.get(
+        (outcome.scheduler_state or "").upper()) or classify_error_text(outcome.error or "")
     res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, failure_class=cls,
                       error=outcome.error or f"job ended: {outcome.scheduler_state or 'unknown'}")
     res.log_path = str(outcome.stderr) if outcome.stderr else None

@@ -80,3 +80,26 @@ def test_a_trial_that_measured_all_its_steps_is_never_pruned(tmp_path):
                           key=SimpleNamespace(name="k"))
     me = SimpleNamespace(best={"k": BEST})
     assert Sweeper._prune(me, run) is False  # 3 of 3 steps done: its result is on its way
+
+
+@pytest.mark.parametrize(
+    "state,error,expected",
+    [
+        ("TIMEOUT", None, "time_limit"),
+        ("OUT_OF_MEMORY", None, "oom"),
+        ("FAILED", "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB", "oom"),
+        ("FAILED", "DistBackendError: Connection closed by peer", "comm"),
+        ("FAILED", "ModuleNotFoundError: No module named 'transformer_engine'", "environment"),
+        ("NODE_FAIL", None, "unknown"),
+    ],
+)
+def test_a_job_that_ended_without_a_result_is_classified(state, error, expected):
+    from hcp_tune.dispatch import JobOutcome, JobState
+    from hcp_tune.spec import TrialSpec
+    from hcp_tune.sweep import failed_from_job
+
+    spec = TrialSpec(trial_id="t", a2a=2, p2p=2, seq=64, heads=8, kv_heads=8, head_dim=8)
+    res = failed_from_job(spec, JobOutcome(state=JobState.FAILED, scheduler_state=state,
+                                           error=error))
+    assert res.failure_class.value == expected and res.status.value == "failed"
+    assert res.error == (error or f"job ended: {state}")
