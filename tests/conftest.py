@@ -133,3 +133,13 @@ def batch(tmp_path_factory):
         return cache[name]
 
     return get
+
+
+def pytest_configure(config):
+    """Tests send SIGINT (Ctrl-C of a sweep; submitit's local cancel). A shell that starts
+    the suite in the background (``nohup ... &``) hands every child SIGINT *ignored*, which
+    children inherit through exec; restore the default so the tests behave as in a terminal."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
