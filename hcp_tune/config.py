@@ -15,6 +15,7 @@ from typing import Any, Literal
 from hcp_tune.cluster import ClusterProfile, cluster_from_mapping
 from hcp_tune.errors import ConfigError
 from hcp_tune.model import ModelSpec, model_from_mapping
+from hcp_tune.rules import BY_ID, Facts, evaluate
 from hcp_tune.schema import as_int, as_int_list
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -125,18 +126,11 @@ class SweepConfig:
     def __post_init__(self) -> None:
         problems = []
         for tp in self.tps:
-            if self.model.heads % tp or self.model.kv_heads % tp:
-                problems.append(
-                    f"tp={tp}: must divide the model's heads ({self.model.heads}) and "
-                    f"kv_heads ({self.model.kv_heads}) of model={self.model.name}; "
-                    f"valid tp values: {_divisors_of_both(self.model.heads, self.model.kv_heads)}"
-                )
+            facts = Facts(tp=tp, heads=self.model.heads, kv_heads=self.model.kv_heads)
+            problems += [f"tp={tp}: {f.text} (model={self.model.name})"
+                         for f in evaluate(facts, (BY_ID["heads-tp"],))]
         if problems:
             raise ConfigError("\n".join(problems))
-
-
-def _divisors_of_both(a: int, b: int) -> str:
-    return ", ".join(str(d) for d in range(1, min(a, b) + 1) if a % d == 0 and b % d == 0)
 
 
 def _choice(value: Any, key: str, choices: tuple[str, ...]) -> Any:

@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 
 from hcp_tune.cluster import ClusterProfile
 from hcp_tune.flops import causal_attention_flops, layer_gemm_flops, lm_head_flops
-from hcp_tune.layout import Candidate, rank_groups
+from hcp_tune.layout import Candidate, layout_facts, rank_groups
 from hcp_tune.model import ModelSpec
+from hcp_tune.rules import LAYOUT_RULES, evaluate
 
 GIB = 1024**3
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -244,7 +245,7 @@ def predict_attention_layer(
 
     ``other_s`` is the fixed per-layer overhead; memory is the layer's Q/K/V/O and buffers.
     """
-    _check(candidate, mbs, dtype)
+    _check(model, cluster, candidate, mbs, dtype)
     att = _attention(model, cluster, candidate, mbs, dtype, params)
     other = params.layer_overhead_us * 1e-6
     a2a_gib, p2p_gib = _buffers_gib(candidate, att)
@@ -264,7 +265,7 @@ def predict(
     dtype: str = "bf16", params: CostParams = CostParams(),
 ) -> Prediction:
     """One full training step (forward, backward, all layers) of ``candidate`` on ``cluster``."""
-    _check(candidate, mbs, dtype)
+    _check(model, cluster, candidate, mbs, dtype)
     att = _attention(model, cluster, candidate, mbs, dtype, params)
     L, tp, cp, b = model.layers, candidate.tp, candidate.cp, DTYPE_BYTES[dtype]
     tokens = mbs * candidate.seq / cp
@@ -299,12 +300,14 @@ def predict(
     )
 
 
-def _check(candidate: Candidate, mbs: int, dtype: str) -> None:
+def _check(model: ModelSpec, cluster: ClusterProfile, candidate: Candidate, mbs: int,
+           dtype: str) -> None:
+    """Preconditions: known dtype, mbs >= 1, and a layout no HCP rule rejects (rules.py)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPE_BYTES)}")
     if mbs < 1:
         raise ValueError(f"mbs must be >= 1, but got {mbs=}.")
-    if candidate.seq % (2 * candidate.cp):
-        raise ValueError(
-            f"seq={candidate.seq} is not divisible by 2*cp = {2 * candidate.cp}: "
-            "the cost model predicts only legal layouts (see plan)")
+    facts = layout_facts(model, cluster, candidate.layout, tp=candidate.tp, seq=candidate.seq)
+    errors = [f for f in evaluate(facts, LAYOUT_RULES) if f.severity == "error"]
+    if errors:
+        raise ValueError(f"{errors[0].text} (the cost model predicts only legal layouts: see plan)")

@@ -1,5 +1,6 @@
-"""The layout space: every ``[a2a, p2p]`` split of CP, the HCP rules with reasons, and the
-rank groups Megatron-Core builds for each split, with their placement on nodes.
+"""The layout space: every ``[a2a, p2p]`` split of CP, kept or rejected by the HCP rules
+(``rules.py``, the one home of each rule), and the rank groups Megatron-Core builds for each
+split, with their placement on nodes.
 
 Pure functions over numbers: no torch, no files. The group formula follows
 ``parallel_state.initialize_model_parallel`` (order tp-cp-ep-dp-pp; inside each flat CP
@@ -12,6 +13,8 @@ from typing import Literal
 
 from hcp_tune.cluster import ClusterProfile
 from hcp_tune.model import ModelSpec
+from hcp_tune.rules import LAYOUT_RULES, Facts, Finding, evaluate
+from hcp_tune.spec import comm_type_of
 
 CommType = Literal["none", "p2p", "a2a", "a2a+p2p"]
 Groups = tuple[tuple[int, ...], ...]
@@ -34,13 +37,7 @@ class Layout:
 
     @property
     def comm_type(self) -> CommType:
-        if self.cp == 1:
-            return "none"
-        if self.a2a == 1:
-            return "p2p"
-        if self.p2p == 1:
-            return "a2a"
-        return "a2a+p2p"
+        return comm_type_of(self.a2a, self.p2p)  # type: ignore[return-value]
 
     @property
     def label(self) -> str:
@@ -121,49 +118,23 @@ class Candidate:
     reasons: tuple[str, ...] = ()  # why it is rejected (empty when kept)
     flags: tuple[str, ...] = ()  # kept, but worth knowing (e.g. a2a over inter-node links)
     groups: RankGroups | None = field(default=None, compare=False)
+    findings: tuple[Finding, ...] = field(default=(), compare=False)  # the rules that fired
 
     @property
     def cp(self) -> int:
         return self.layout.cp
 
 
-def head_reasons(model: ModelSpec, tp: int, a2a: int) -> list[str]:
-    """Why an a2a level of size ``a2a`` cannot split this model's heads at this TP."""
-    if model.heads % tp or model.kv_heads % tp:
-        return [
-            f"tp={tp} must divide heads ({model.heads}) and kv_heads ({model.kv_heads}): "
-            "Megatron-Core splits both across TP ranks"
-        ]
-    out = []
-    for key, total in (("heads", model.heads), ("kv_heads", model.kv_heads)):
-        n = total // tp
-        if n % a2a:
-            out.append(
-                f"a2a size {a2a} must divide the per-TP-rank {key}: {key}/tp = {total}/{tp} "
-                f"= {n}; TE scatters heads over the a2a group (a shape error otherwise); "
-                f"use an a2a size that divides {n}"
-            )
-    return out
-
-
-def seq_reason(seq: int, cp: int) -> str | None:
-    if seq % (2 * cp):
-        lo = seq // (2 * cp) * (2 * cp)
-        hint = f"e.g. {lo + 2 * cp}" + (f" or {lo}" if lo else "")
-        return (
-            f"seq {seq} is not divisible by 2*cp = {2 * cp} (load-balanced causal chunks): "
-            f"use a multiple of {2 * cp}, {hint}"
-        )
-    return None
-
-
-def cross_node_note(layout: Layout, tp: int, gpus_per_node: int) -> str | None:
-    if layout.a2a > 1 and tp * layout.a2a > gpus_per_node:
-        return (
-            f"a2a level crosses nodes: tp*a2a = {tp}*{layout.a2a} = {tp * layout.a2a} > "
-            f"{gpus_per_node} GPUs per node, so its all-to-all runs on inter-node links"
-        )
-    return None
+def layout_facts(model: ModelSpec, cluster: ClusterProfile, layout: Layout, *, tp: int,
+                 seq: int, drop_cross_node_a2a: bool = False) -> Facts:
+    """What the rules read about one candidate layout (as Bridge would run it)."""
+    return Facts(
+        cp=layout.cp, tp=tp, seq=seq, heads=model.heads, kv_heads=model.kv_heads,
+        comm_types=(layout.comm_type if layout.cp > 1 else "p2p",),
+        sizes=tuple(layout.sizes) if layout.comm_type == "a2a+p2p" else None,
+        gpus_per_node=cluster.gpus_per_node, te=cluster.device == "cuda",
+        drop_cross_node_a2a=drop_cross_node_a2a,
+    )
 
 
 def enumerate_layouts(
@@ -178,18 +149,16 @@ def enumerate_layouts(
 ) -> list[Candidate]:
     """Every split of ``cp`` for one (tp, seq), each kept or rejected with its reasons."""
     out = []
-    seq_problem = seq_reason(seq, cp)
     for layout in factorizations(cp):
-        reasons = [seq_problem] if seq_problem else []
-        reasons += head_reasons(model, tp, layout.a2a)
-        flags = []
-        note = cross_node_note(layout, tp, cluster.gpus_per_node)
-        if note and drop_cross_node_a2a:
-            reasons.append(note + " (dropped: drop_cross_node_a2a=true)")
-        elif note:
-            flags.append(note)
+        facts = layout_facts(model, cluster, layout, tp=tp, seq=seq,
+                             drop_cross_node_a2a=drop_cross_node_a2a)
+        found = evaluate(facts, LAYOUT_RULES)
+        dropped = {"a2a-cross-node"} if drop_cross_node_a2a else set()
+        reasons = [f.text for f in found if f.severity == "error" or f.rule in dropped]
+        flags = [f.text for f in found if f.severity != "error" and f.rule not in dropped]
         groups = rank_groups(layout, tp=tp, dp=dp, gpus_per_node=cluster.gpus_per_node)
         out.append(
-            Candidate(layout, tp, seq, dp, not reasons, tuple(reasons), tuple(flags), groups)
+            Candidate(layout, tp, seq, dp, not reasons, tuple(reasons), tuple(flags), groups,
+                      tuple(found))
         )
     return out

@@ -50,6 +50,7 @@ def row(c: Candidate) -> dict[str, Any]:
         "kept": c.kept,
         "reasons": list(c.reasons),
         "flags": list(c.flags),
+        "findings": [vars(f) for f in c.findings],
         "world_size": g.world_size,
         "nodes": g.nodes,
         "crosses_nodes": crossing(c),

@@ -16,6 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
+TE_MIN_HCP = (1, 12)  # Transformer Engine 1.12.0: first with a2a+p2p (Megatron-Core asserts it)
+
+
+def comm_type_of(a2a: int, p2p: int) -> str:
+    """The CP comm type that runs ``[a2a, p2p]``: the endpoints are the p2p / a2a baselines."""
+    if a2a * p2p == 1:
+        return "none"
+    return "p2p" if a2a == 1 else "a2a" if p2p == 1 else "a2a+p2p"
+
+
 class Status(str, enum.Enum):
     OK = "ok"
     FAILED = "failed"  # with a FailureClass
@@ -81,9 +91,7 @@ class TrialSpec:
 
     @property
     def comm_type(self) -> str:
-        if self.cp == 1:
-            return "none"
-        return "p2p" if self.a2a == 1 else "a2a" if self.p2p == 1 else "a2a+p2p"
+        return comm_type_of(self.a2a, self.p2p)
 
 
 @dataclass(kw_only=True)

@@ -38,7 +38,8 @@ def test_plan_cp16_tp2_rejects_and_flags_with_reasons():
     rows = {tuple(c["sizes"]): c for c in json.loads(r.stdout)["candidates"]}
     assert rows[(4, 4)]["kept"] and rows[(4, 4)]["crosses_nodes"] == "p2p"
     assert not rows[(8, 2)]["kept"]
-    assert "kv_heads/tp = 8/2 = 4" in rows[(8, 2)]["reasons"][0]
+    assert "KV heads/tp = 8/2 = 4" in rows[(8, 2)]["reasons"][0]
+    assert rows[(8, 2)]["findings"][0]["rule"] == "heads-a2a"
     assert "crosses nodes" in rows[(8, 2)]["flags"][0]
     assert not rows[(16, 1)]["kept"]
     assert rows[(1, 16)]["nodes"] == 4
@@ -68,7 +69,7 @@ def test_plan_preset_from_sweeps_and_override_wins():
         (["cp=abc"], "cp='abc': expected an integer >= 1"),
         (["seq=12.5"], "seq=12.5: expected an integer >= 1"),
         (["seq=[1024,x]"], "element 'x' is not an integer"),
-        (["tp=3"], "tp=3: must divide the model's heads (32) and kv_heads (8)"),
+        (["tp=3"], "tp=3: [heads-tp] tp=3 does not divide the heads (32) and KV heads (8)"),
         (["cp=["], "malformed override 'cp=['"),
         (["cp"], "malformed override 'cp': expected KEY=VALUE"),
         (["foo=1"], "foo: unknown key; expected one of: cp, seq, tp"),
@@ -139,6 +140,26 @@ def test_validate_exit_codes_and_fix(tmp_path):
     (f,) = json.loads(r.stdout)["findings"]
     assert f["rule"] == "silent-cp-off"
     assert f["fix"] == '"model.hierarchical_context_parallel_sizes=[4,2]"'
+
+
+@pytest.mark.parametrize("plan_args,bridge,rule", [
+    (["cp=8", "seq=131000"], ["model.context_parallel_size=8", "model.seq_length=131000",
+                              "model.cp_comm_type=p2p"], "seq-divisible"),
+    (["cp=16", "tp=2", "seq=131072"],
+     ["model.context_parallel_size=16", "model.tensor_model_parallel_size=2",
+      "model.cp_comm_type=a2a+p2p", "model.hierarchical_context_parallel_sizes=[8,2]",
+      "model.seq_length=131072"], "heads-a2a"),
+])
+def test_plan_and_validate_report_the_same_rule_and_fix(plan_args, bridge, rule):
+    common = ["model=llama3-8b", "cluster=dgx-h100", "format=json"]
+    plan = run("plan", *plan_args, *common)
+    assert plan.returncode == 0, plan.stderr
+    rejected = [f for c in json.loads(plan.stdout)["candidates"] for f in c["findings"]
+                if f["rule"] == rule]
+    val = run("validate", *bridge, *common, "te_version=2.17.1")
+    assert val.returncode == 1, val.stderr
+    (found,) = [f for f in json.loads(val.stdout)["findings"] if f["rule"] == rule]
+    assert rejected and found in rejected  # same id, same text, same fix
 
 
 @pytest.mark.parametrize(

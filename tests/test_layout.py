@@ -51,7 +51,10 @@ def test_kept_iff_every_rule_holds(cp, tp, heads, kv):
     seq = 131072
     for c in enumerate_layouts(m, H100, cp=cp, tp=tp, seq=seq):
         tp_ok = heads % tp == 0 and kv % tp == 0
-        heads_ok = tp_ok and (heads // tp) % c.layout.a2a == 0 and (kv // tp) % c.layout.a2a == 0
+        rank = (heads // tp, kv // tp) if tp_ok else (0, 0)
+        heads_ok = tp_ok and all(n % c.layout.a2a == 0 for n in rank)
+        even_ok = c.layout.a2a == 1 or all(n % 2 == 0 for n in rank)
+        heads_ok = heads_ok and even_ok
         assert c.kept == heads_ok, (c.layout, c.reasons)
         assert bool(c.reasons) == (not c.kept)
         crosses = c.layout.a2a > 1 and tp * c.layout.a2a > 8
@@ -62,7 +65,8 @@ def test_kept_iff_every_rule_holds(cp, tp, heads, kv):
 def test_pure_a2a_needs_heads_and_kv_heads_divisible_by_cp():
     (*_, a2a) = enumerate_layouts(model(32, 8), H100, cp=16, tp=1, seq=65536)
     assert a2a.layout == Layout(16, 1) and not a2a.kept
-    assert "a2a size 16 must divide the per-TP-rank kv_heads: kv_heads/tp = 8/1 = 8" in a2a.reasons[0]
+    assert a2a.reasons[0].startswith("[heads-a2a] a2a size 16 does not divide the per-TP-rank "
+                                     "KV heads/tp = 8/1 = 8")
     (*_, ok) = enumerate_layouts(model(32, 8), H100, cp=8, tp=1, seq=65536)
     assert ok.layout == Layout(8, 1) and ok.kept
 
@@ -71,20 +75,38 @@ def test_kv_heads_rule_counts_per_tp_rank():
     by = {c.layout.a2a: c for c in enumerate_layouts(model(32, 8), H100, cp=8, tp=2, seq=65536)}
     assert by[4].kept  # 8 KV heads / tp 2 = 4 per rank, a2a 4 divides it
     assert not by[8].kept
-    assert "kv_heads/tp = 8/2 = 4" in by[8].reasons[0]
+    assert "KV heads/tp = 8/2 = 4" in by[8].reasons[0]
 
 
 def test_seq_not_divisible_by_two_cp_rejects_every_layout_with_the_fix():
     cands = enumerate_layouts(model(32, 8), H100, cp=8, tp=1, seq=131000)
     assert not any(c.kept for c in cands)
     assert "seq 131000 is not divisible by 2*cp = 16" in cands[0].reasons[0]
-    assert "e.g. 131008 or 130992" in cands[0].reasons[0]
+    assert cands[0].reasons[0].endswith("fix: model.seq_length=131008 (or 130992)")
     assert all(c.kept for c in enumerate_layouts(model(32, 8), H100, cp=8, tp=1, seq=131072))
 
 
 def test_tp_not_dividing_heads_is_a_reason():
     (c, *_) = enumerate_layouts(model(24, 24), H100, cp=2, tp=16, seq=4096)
-    assert "tp=16 must divide heads (24)" in c.reasons[0]
+    assert c.reasons[0].startswith("[heads-tp] tp=16 does not divide the heads (24)")
+
+
+def test_odd_per_rank_heads_reject_a2a_layouts_on_te():
+    # 12 heads at tp=4: 3 query and 3 KV heads per rank; a2a 3 divides them, 3 is odd
+    by = {c.layout.a2a: c for c in enumerate_layouts(model(12, 12), H100, cp=6, tp=4, seq=12000)}
+    assert by[1].kept and by[2].kept is False and by[6].kept is False
+    assert not by[3].kept and by[3].reasons[0].startswith("[heads-even-a2a] odd per-TP-rank query")
+    assert [f.rule for f in by[3].findings] == ["heads-even-a2a", "a2a-cross-node"]  # 4*3 > 8
+    assert by[3].reasons[0].endswith("fix: model.cp_comm_type=p2p model.hierarchical_context_parallel_sizes=null")
+    # at tp=2 the 6 heads per rank are even: a2a 3 is kept
+    assert {c.layout.a2a: c.kept for c in enumerate_layouts(model(12, 12), H100, cp=6, tp=2, seq=12000)}[3]
+
+
+def test_odd_heads_do_not_matter_off_te():
+    cpu = ClusterProfile(name="c", device="cpu", gpu_name="cpu", gpus_per_node=8,
+                         intra_node_bw_gbs=10, inter_node_bw_gbs=1, gpu_memory_gib=8)
+    by = {c.layout.a2a: c for c in enumerate_layouts(model(12, 12), cpu, cp=6, tp=4, seq=12000)}
+    assert by[3].kept  # the pure-torch reference splits any head count
 
 
 def test_cross_node_a2a_is_flagged_or_dropped():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-MIN_TE = (1, 12)  # first release with the a2a+p2p path (Megatron-Core asserts it too)
+from hcp_tune.spec import TE_MIN_HCP as MIN_TE
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
