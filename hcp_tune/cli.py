@@ -121,7 +121,7 @@ def cmd_sweep(args: list[str]) -> int:
     from hcp_tune import config, predict, ui
 
     cfg = config.load(args)
-    runner, reason = predict.resolve_runner(str(cfg.runner.get("name", "auto")))
+    runner, reason = predict.resolve_runner(cfg.runner.name)
     if reason:
         print(reason, file=sys.stderr)
     if runner == "model":
@@ -129,12 +129,12 @@ def cmd_sweep(args: list[str]) -> int:
         return EXIT_OK
     from hcp_tune import sweep
 
-    cfg = dataclasses.replace(cfg, runner={**cfg.runner, "name": runner})
+    cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, name=runner))
     ordered = predict.ordering(cfg)
     order = {}
-    if cfg.search.get("order_by_prediction", True):
+    if cfg.search.order_by_prediction:
         order = {(c.tp, c.seq, c.layout.a2a): p.step_time_s for c, p in ordered}
-    skips = predict.skip_slower_than(ordered, cfg.search.get("skip_predicted_slower_than"))
+    skips = predict.skip_slower_than(ordered, cfg.search.skip_predicted_slower_than)
     summary = sweep.Sweeper(cfg, ui.SweepReporter(), order=order, skips=skips).run()
     done = ", ".join(f"{v} {k}" for k, v in sorted(summary.by_status.items())) or "nothing new"
     print(f"sweep: stored {summary.stored} trial(s) ({done}); results in {cfg.results_dir}/")

@@ -47,4 +47,4 @@ def cluster_from_mapping(data: object, name: str) -> ClusterProfile:
     """A profile from a composed ``cluster`` group; ``name`` is the selected option."""
     if isinstance(data, dict) and "name" not in data:
         data = {**data, "name": name}
-    return from_mapping(ClusterProfile, data, f"cluster profile '{name}'")
+    return from_mapping(ClusterProfile, data, "cluster", f"cluster/{name}.yaml")

@@ -2,13 +2,15 @@
 
 Everything Hydra can throw at a user (unknown group option, unknown key, malformed
 override) is translated here into one ``ConfigError`` line that names the override and
-what is expected. Value checks that need several keys live in ``SweepConfig.__post_init__``.
+what is expected. Every group then becomes its typed dataclass through the one schema layer
+(``schema.from_mapping``; the groups are in settings.py, cluster.py and model.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,13 +18,12 @@ from hcp_tune.cluster import ClusterProfile, cluster_from_mapping
 from hcp_tune.errors import ConfigError
 from hcp_tune.model import ModelSpec, model_from_mapping
 from hcp_tune.rules import BY_ID, Facts, evaluate
-from hcp_tune.schema import as_int, as_int_list
+from hcp_tune.schema import from_mapping
+from hcp_tune.settings import ExecutorConfig, RunnerConfig, SearchConfig, TopLevel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = Path(os.environ.get("HCP_TUNE_CONF_DIR", REPO_ROOT / "conf"))
 GROUPS = ("cluster", "model", "runner", "executor", "search", "sweeps")
-DTYPES = ("bf16", "fp16", "fp32")
-FORMATS = ("table", "json")
 
 
 def search_dirs() -> list[Path]:
@@ -105,23 +106,24 @@ def compose(overrides: list[str]) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class SweepConfig:
-    """The composed, validated configuration every subcommand works from."""
+    """The composed, validated configuration every subcommand works from. Every field is
+    typed and checked at load (``schema.from_mapping``); defaults are in conf/ only."""
 
     cluster: ClusterProfile
     model: ModelSpec
     cp: int
     seqs: tuple[int, ...]
     tps: tuple[int, ...]
-    dp: int = 1
-    mbs: int = 1
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
-    drop_cross_node_a2a: bool = False
-    format: Literal["table", "json"] = "table"
-    results_dir: Path = Path("results")
-    env_tag: str = "default"
-    runner: dict = field(default_factory=dict)
-    executor: dict = field(default_factory=dict)
-    search: dict = field(default_factory=dict)
+    dp: int
+    mbs: int
+    dtype: Literal["bf16", "fp16", "fp32"]
+    drop_cross_node_a2a: bool
+    format: Literal["table", "json"]
+    results_dir: Path
+    env_tag: str
+    runner: RunnerConfig
+    executor: ExecutorConfig
+    search: SearchConfig
 
     def __post_init__(self) -> None:
         problems = []
@@ -133,19 +135,7 @@ class SweepConfig:
             raise ConfigError("\n".join(problems))
 
 
-def _choice(value: Any, key: str, choices: tuple[str, ...]) -> Any:
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r}: expected one of {', '.join(choices)}")
-    return value
-
-
-def _bool(value: Any, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key}={value!r}: expected true or false")
-    return value
-
-
-def _plain(node: Any) -> Any:
+def _group(node: Any) -> Any:
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     if isinstance(node, (DictConfig, ListConfig)):
@@ -154,7 +144,7 @@ def _plain(node: Any) -> Any:
 
 
 def load(overrides: list[str]) -> SweepConfig:
-    """Compose and validate; every problem found is reported (one line each)."""
+    """Compose, then build every group's typed dataclass; all problems reported together."""
     cfg = compose(overrides)
     choices = dict(cfg.hydra.runtime.choices)  # group -> selected option name
     problems: list[str] = []
@@ -166,23 +156,18 @@ def load(overrides: list[str]) -> SweepConfig:
         except ConfigError as exc:
             problems.append(str(exc))
 
-    check("cluster", cluster_from_mapping, _plain(cfg.cluster), choices["cluster"])
-    check("model", model_from_mapping, _plain(cfg.model), choices["model"])
-    check("cp", as_int, _plain(cfg.cp), "cp")
-    check("seqs", as_int_list, _plain(cfg.seq), "seq")
-    check("tps", as_int_list, _plain(cfg.tp), "tp")
-    check("dp", as_int, _plain(cfg.dp), "dp")
-    check("mbs", as_int, _plain(cfg.mbs), "mbs")
-    check("dtype", _choice, cfg.dtype, "dtype", DTYPES)
-    check("format", _choice, cfg.format, "format", FORMATS)
-    check("drop_cross_node_a2a", _bool, cfg.drop_cross_node_a2a, "drop_cross_node_a2a")
+    top = {f.name: _group(cfg[f.name]) for f in dataclasses.fields(TopLevel)}
+    check("top", from_mapping, TopLevel, top, "")
+    check("cluster", cluster_from_mapping, _group(cfg.cluster), choices["cluster"])
+    check("model", model_from_mapping, _group(cfg.model), choices["model"])
+    for name, cls in (("runner", RunnerConfig), ("executor", ExecutorConfig),
+                      ("search", SearchConfig)):
+        check(name, from_mapping, cls, _group(cfg[name]), name)
     if problems:
         raise ConfigError("\n".join(problems))
+    t: TopLevel = values.pop("top")
     return SweepConfig(
-        **values,
-        results_dir=Path(str(cfg.results_dir)),
-        env_tag=str(cfg.env_tag),
-        runner=_plain(cfg.runner),
-        executor=_plain(cfg.executor),
-        search=_plain(cfg.search),
+        **values, cp=t.cp, seqs=t.seq, tps=t.tp, dp=t.dp, mbs=t.mbs, dtype=t.dtype,
+        drop_cross_node_a2a=t.drop_cross_node_a2a, format=t.format,
+        results_dir=Path(t.results_dir), env_tag=t.env_tag,
     )

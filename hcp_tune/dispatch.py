@@ -1,6 +1,6 @@
 """Dispatch: turn a call into a SLURM or local job, and a job back into data.
 
-What belongs here: the executor configuration (the Hydra ``executor`` group), building a
+What belongs here: building, from the typed ``executor`` group (settings.ExecutorConfig), a
 submitit executor for one trial shape, submission (single jobs and arrays), re-attaching a
 job by its saved id, polling a job into a state plus its result or error *as data*,
 cancelling, and where a job's logs are. This is the only module that imports submitit.
@@ -17,7 +17,6 @@ submitit's own watcher asks only ``sacct``, which a cluster without slurmdbd lac
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import math
 import os
@@ -26,114 +25,15 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import submitit
 from submitit.core.utils import JobPaths
 
 from hcp_tune.errors import ConfigError, one_line
+from hcp_tune.settings import EXECUTOR_NAMES, ExecutorConfig  # the executor group, typed
 
-EXECUTOR_NAMES = ("slurm", "local", "auto")
-
-
-@dataclass(kw_only=True, frozen=True)
-class ExecutorConfig:
-    """Where and how trial jobs run; built from the Hydra ``executor`` group."""
-
-    name: str = "auto"
-    """slurm | local | auto (slurm when ``sbatch`` is on PATH, else local)."""
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    time_limit_min: int = 30
-    """Wall-clock limit of one trial job; past it the trial fails as timed out."""
-    gpus_per_node: Optional[int] = None
-    """GPUs to request per node; None: the cluster profile's count; 0: request none."""
-    cpus_per_task: Optional[int] = None
-    """None: the partition's default."""
-    mem_gb: Optional[float] = None
-    """None: the partition's default."""
-    exclusive: bool = False
-    """Whole nodes only: no other job shares the links a trial measures."""
-    array_parallelism: int = 4
-    """Most trials of one array running at the same time (slurm only)."""
-    extra_sbatch: dict[str, Any] = field(default_factory=dict)
-    """More ``#SBATCH`` flags, e.g. ``{reservation: bench}``; they win over the above."""
-    extra_srun: list[str] = field(default_factory=list)
-    """More arguments to the ``srun`` that starts the tasks."""
-    container_image: Optional[str] = None
-    """pyxis: becomes ``srun --container-image``."""
-    container_mounts: list[str] = field(default_factory=list)
-    """pyxis: becomes ``srun --container-mounts`` (``src:dst`` entries)."""
-    setup: list[str] = field(default_factory=list)
-    """Shell lines run before the tasks start: module loads, venv activation."""
-    python: Optional[str] = None
-    """Python in the job (needs submitit); None: this interpreter's path."""
-    folder: str = "results/jobs"
-    """Root of the job folders (submission files, pickles, logs); must be shared."""
-
-    @classmethod
-    def valid_keys(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> "ExecutorConfig":
-        """Build from a plain mapping; unknown keys are named with the valid ones."""
-        valid = cls.valid_keys()
-        for key in data:
-            if key not in valid:
-                raise ConfigError(
-                    f"executor.{key}: unknown key; valid keys are: {', '.join(valid)}"
-                )
-        values = dict(data)
-        for key in ("extra_srun", "container_mounts", "setup"):  # also OmegaConf's ListConfig
-            if isinstance(values.get(key), Sequence) and not isinstance(values[key], str):
-                values[key] = list(values[key])
-        if isinstance(values.get("extra_sbatch"), Mapping):  # also OmegaConf's DictConfig
-            values["extra_sbatch"] = dict(values["extra_sbatch"])
-        for key in ("extra_srun", "container_mounts", "setup", "extra_sbatch"):
-            if values.get(key, 0) is None:
-                values.pop(key)  # null in YAML means "none": take the empty default
-        return cls(**values)
-
-    def __post_init__(self) -> None:
-        def bad(key: str, expected: str) -> ConfigError:
-            return ConfigError(f"executor.{key}={getattr(self, key)!r}: expected {expected}")
-
-        def is_int(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        if self.name not in EXECUTOR_NAMES:
-            raise bad("name", " | ".join(EXECUTOR_NAMES))
-        for key in ("partition", "account", "qos", "container_image", "python"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise bad(key, "a non-empty string or null")
-        if not is_int(self.time_limit_min) or self.time_limit_min < 1:
-            raise bad("time_limit_min", "an integer number of minutes >= 1")
-        if not is_int(self.array_parallelism) or self.array_parallelism < 1:
-            raise bad("array_parallelism", "an integer >= 1")
-        for key in ("gpus_per_node", "cpus_per_task"):
-            value = getattr(self, key)
-            if value is not None and (not is_int(value) or value < (0 if key == "gpus_per_node" else 1)):
-                raise bad(key, "null or an integer >= " + ("0" if key == "gpus_per_node" else "1"))
-        if self.mem_gb is not None and (
-            isinstance(self.mem_gb, bool) or not isinstance(self.mem_gb, (int, float)) or self.mem_gb <= 0
-        ):
-            raise bad("mem_gb", "null or a number of GiB > 0")
-        if not isinstance(self.exclusive, bool):
-            raise bad("exclusive", "true or false")
-        if not isinstance(self.extra_sbatch, dict) or not all(
-            isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in self.extra_sbatch.items()
-        ):
-            raise bad("extra_sbatch", "a mapping of sbatch flag names to scalar values, e.g. {reservation: bench}")
-        for key in ("extra_srun", "container_mounts", "setup"):
-            value = getattr(self, key)
-            if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-                raise bad(key, "a list of strings")
-        if not isinstance(self.folder, str) or not self.folder.strip():
-            raise bad("folder", "a non-empty path")
-
+__all__ = ["EXECUTOR_NAMES", "ExecutorConfig"]  # re-exported: callers build it from here too
 
 def resolve_executor_name(name: str) -> str:
     """``auto`` becomes ``slurm`` when ``sbatch`` is on PATH, else ``local``."""
@@ -163,6 +63,9 @@ def make_executor(
     if gpus_per_node < 0:
         raise ConfigError(f"gpus_per_node={gpus_per_node}: expected an integer >= 0")
     name = resolve_executor_name(cfg.name)
+    if folder is None and cfg.folder is None:
+        raise ConfigError("executor.folder=null: give make_executor a folder (the sweep uses "
+                          "<results_dir>/jobs)")
     root = Path(folder if folder is not None else cfg.folder)
     job_folder = root / "%j"
     signal_delay_s = min(90, max(10, cfg.time_limit_min * 60 // 5))  # USR2 before the limit

@@ -36,4 +36,4 @@ class ModelSpec:
 def model_from_mapping(data: object, name: str) -> ModelSpec:
     if isinstance(data, dict) and "name" not in data:
         data = {**data, "name": name}
-    return from_mapping(ModelSpec, data, f"model spec '{name}'")
+    return from_mapping(ModelSpec, data, "model", f"model/{name}.yaml")

@@ -19,12 +19,8 @@ from typing import Any
 from hcp_tune.calibrate import load_params
 from hcp_tune.config import SweepConfig
 from hcp_tune.costmodel import CostParams, Prediction, label_for, predict
-from hcp_tune.errors import ConfigError
 from hcp_tune.layout import Candidate
 from hcp_tune.plan import candidates as plan_candidates
-
-RUNNERS = ("attention", "bridge", "model", "auto")
-
 
 def params_for(cfg: SweepConfig) -> CostParams:
     """Calibrated parameters for this cluster and env tag, or the defaults."""
@@ -57,13 +53,10 @@ def skip_slower_than(ordered: list[tuple[Candidate, Prediction]],
     """Candidates predicted slower than ``factor`` x the best of their key (none if None).
 
     Each is a dict ready to be stored as a ``skipped`` row: layout, predicted numbers, reason.
+    ``factor`` was checked at load (``search.skip_predicted_slower_than``: null or >= 1).
     """
     if factor is None:
         return []
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1:
-        raise ConfigError(
-            f"search.skip_predicted_slower_than={factor!r}: expected a number >= 1 "
-            "(e.g. 1.5 skips layouts predicted 50% slower than the best) or null (off)")
     best = _best_by_key(ordered)
     out = []
     for c, p in ordered:
@@ -122,11 +115,9 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
 def resolve_runner(name: str) -> tuple[str, str]:
     """The runner to use for ``runner=name`` and a one-line reason ('' when as asked).
 
-    ``auto`` picks ``model`` when this machine has no GPU (no ``nvidia-smi`` on PATH) and
+    ``name`` was checked at load (settings.RunnerConfig). ``auto`` picks ``model`` when this machine has no GPU (no ``nvidia-smi`` on PATH) and
     no SLURM (no ``sbatch``), else ``attention``. Never imports torch.
     """
-    if name not in RUNNERS:
-        raise ConfigError(f"runner={name!r}: expected one of {', '.join(RUNNERS)}")
     if name == "model":
         return "model", ("runner=model: predicting with the cost model, nothing is measured; "
                          "use runner=attention to measure")

@@ -11,6 +11,7 @@ resumes: stored trials are not re-run and submitted ones are re-attached by job 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -38,13 +39,12 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
         seq=cand.seq, mbs=cfg.mbs, dtype="fp32" if cfg.cluster.device == "cpu" else cfg.dtype,
         heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim, hidden=m.hidden,
         ffn_hidden=m.ffn_hidden, layers=m.layers, vocab=m.vocab,
-        runner=str(r.get("name", "attention")), backend=str(r.get("backend", "auto")),
-        warmup_steps=int(r.get("warmup_steps", 2)), measure_steps=int(r.get("measure_steps", 5)),
-        time_limit_s=float(r.get("time_limit_s", 600)),
+        runner=r.name, backend=r.backend, warmup_steps=r.warmup_steps,
+        measure_steps=r.measure_steps, time_limit_s=r.time_limit_s,
         expected_groups=cand.groups.as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
         device=cfg.cluster.device,
         progress_path=str(progress_dir / f"{trial_id}.jsonl"), env_tag=cfg.env_tag,
-        inject_fault=r.get("inject_fault"),
+        inject_fault=r.inject_fault,
     )
 
 
@@ -152,18 +152,17 @@ class Sweeper:
         self.cfg = cfg
         self.reporter = reporter
         self.store = ResultStore(cfg.results_dir)
-        self.exec_cfg = dispatch.ExecutorConfig.from_mapping(
-            {"folder": str(cfg.results_dir / "jobs"), **cfg.executor}
-        )
+        self.exec_cfg = dataclasses.replace(
+            cfg.executor, folder=cfg.executor.folder or str(cfg.results_dir / "jobs"))
         self.executor_name = dispatch.resolve_executor_name(self.exec_cfg.name)
         self.progress_dir = cfg.results_dir / "progress"
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         # CPU trials share this machine's cores: measured side by side they would rank the
         # contention, not the layouts. GPU trials get their own nodes and run in parallel.
         self.slots = 1 if cfg.cluster.device == "cpu" else self.exec_cfg.array_parallelism
-        self.repeats = int(cfg.search.get("repeats", 1))
-        self.early_stop = bool(cfg.search.get("early_stop", True))
-        storage = cfg.search.get("storage") or str(cfg.results_dir / "optuna.journal")
+        self.repeats = cfg.search.repeats
+        self.early_stop = cfg.search.early_stop
+        storage = cfg.search.storage or str(cfg.results_dir / "optuna.journal")
         self.storage = tuner.open_storage(storage)
         self.order = order or {}  # (tp, seq, a2a) -> predicted seconds, best first
         # (tp, seq, a2a) -> why the cost model says not to measure it (skip factor)
@@ -177,7 +176,7 @@ class Sweeper:
     def key_for(self, cand: Candidate) -> SweepKey:
         c = self.cfg
         return SweepKey(cluster=c.cluster.name, model=c.model.name, tp=cand.tp, cp=cand.cp,
-                        seq=cand.seq, runner=str(c.runner.get("name", "attention")),
+                        seq=cand.seq, runner=c.runner.name,
                         env_tag=c.env_tag)
 
     def plan(self) -> None:

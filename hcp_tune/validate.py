@@ -25,6 +25,7 @@ import yaml
 from hcp_tune.cluster import ClusterProfile
 from hcp_tune.errors import ConfigError, InputFileError
 from hcp_tune.model import ModelSpec
+from hcp_tune.schema import as_bool, as_int
 from hcp_tune.rules import Facts, Finding, evaluate, suggest_sizes, version_tuple
 
 __all__ = ["Finding", "apply_overrides", "check", "facts", "read_config_file", "suggest_sizes"]
@@ -99,18 +100,11 @@ def _get(tree: dict[str, Any], dotted: str, default: Any = None) -> Any:
 
 def _int(tree: dict[str, Any], key: str, default: Optional[int]) -> Optional[int]:
     value = _get(tree, key, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{key}={value!r}: expected an integer >= 1")
-    return value
+    return None if value is None else as_int(value, key, strict=True)
 
 
 def _bool(tree: dict[str, Any], key: str, default: bool) -> bool:
-    value = _get(tree, key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key}={value!r}: expected true or false")
-    return value
+    return as_bool(_get(tree, key, default), key)
 
 
 def _int_list(tree: dict[str, Any], key: str, length: Optional[int] = None,

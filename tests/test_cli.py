@@ -64,10 +64,10 @@ def test_plan_preset_from_sweeps_and_override_wins():
         (["cluster=nope"], "cluster=nope: unknown cluster option; expected one of: dgx-a100"),
         (["model=nope"], "model=nope: unknown model option; expected one of:"),
         (["sweeps=nope"], "sweeps=nope: unknown sweeps option; expected one of: cpu-smoke"),
-        (["cp=0"], "cp=0: expected an integer >= 1"),
-        (["cp=-8"], "cp=-8: expected an integer >= 1"),
-        (["cp=abc"], "cp='abc': expected an integer >= 1"),
-        (["seq=12.5"], "seq=12.5: expected an integer >= 1"),
+        (["cp=0"], "cp=0: expected an integer in 1..1024"),
+        (["cp=-8"], "cp=-8: expected an integer in 1..1024"),
+        (["cp=abc"], "cp='abc': expected an integer in 1..1024"),
+        (["seq=12.5"], "seq=12.5: expected an integer in 1..16777216"),
         (["seq=[1024,x]"], "element 'x' is not an integer"),
         (["tp=3"], "tp=3: [heads-tp] tp=3 does not divide the heads (32) and KV heads (8)"),
         (["cp=["], "malformed override 'cp=['"),
@@ -98,13 +98,14 @@ def test_malformed_cluster_profile_names_the_key(tmp_path):
     )
     r = run("plan", "cluster=mine", env={"HCP_TUNE_CONFIG_PATH": str(tmp_path)})
     assert r.returncode == 2
-    assert "cluster profile 'mine': unknown key 'gpus_per_nodes'; valid keys are" in r.stderr
+    assert "cluster.gpus_per_nodes: unknown key; valid keys are: name, device" in r.stderr
+    assert r.stderr.rstrip().endswith("(in cluster/mine.yaml)")
     (tmp_path / "cluster" / "mine.yaml").write_text(
         "device: cuda\ngpu_name: x\ngpus_per_node: many\nintra_node_bw_gbs: 1\n"
         "inter_node_bw_gbs: 1\npeak_bf16_tflops: 1\ngpu_memory_gib: 1\n"
     )
     r = run("plan", "cluster=mine", env={"HCP_TUNE_CONFIG_PATH": str(tmp_path)})
-    assert "cluster profile 'mine'.gpus_per_node='many': expected an integer >= 1" in r.stderr
+    assert "cluster.gpus_per_node='many': expected an integer >= 1 (in cluster/mine.yaml)" in r.stderr
 
 
 def test_user_cluster_profile_is_one_yaml_file(tmp_path):

@@ -7,12 +7,19 @@ from pathlib import Path
 
 import payloads
 import pytest
+import yaml
 
 from hcp_tune import dispatch
 from hcp_tune.dispatch import ExecutorConfig, JobState
 from hcp_tune.errors import ConfigError
 
 DEADLINE_S = 90  # a job on the idle local cluster starts within seconds
+# the executor group's defaults are written once, in conf/executor/slurm.yaml
+DEFAULTS = yaml.safe_load((Path(__file__).parents[1] / "conf/executor/slurm.yaml").read_text())
+
+
+def executor(**kw) -> ExecutorConfig:
+    return ExecutorConfig.from_mapping({**DEFAULTS, **kw})
 
 
 def wait_for(handles, done, deadline_s=DEADLINE_S, on_poll=None):
@@ -34,7 +41,7 @@ def all_finished(outcomes):
 
 
 def slurm_cfg(**kw) -> ExecutorConfig:
-    return ExecutorConfig.from_mapping({"name": "slurm", "time_limit_min": 2, **kw})
+    return executor(name="slurm", time_limit_min=2, **kw)
 
 
 # ------------------------------------------------------------------ config validation
@@ -42,7 +49,7 @@ def slurm_cfg(**kw) -> ExecutorConfig:
 
 def test_unknown_key_is_named_with_the_valid_keys():
     with pytest.raises(ConfigError, match=r"executor\.partiton: unknown key; valid keys are: name, partition, ") as e:
-        ExecutorConfig.from_mapping({"name": "slurm", "partiton": "batch"})
+        executor(name="slurm", partiton="batch")
     assert "\n" not in str(e.value)
     assert all(k in str(e.value) for k in ExecutorConfig.valid_keys())
 
@@ -50,7 +57,7 @@ def test_unknown_key_is_named_with_the_valid_keys():
 @pytest.mark.parametrize(
     "key, value, expected",
     [
-        ("name", "pbs", r"executor\.name='pbs': expected slurm \| local \| auto"),
+        ("name", "pbs", r"executor\.name='pbs': expected one of slurm, local, auto"),
         ("time_limit_min", 0, r"executor\.time_limit_min=0: expected an integer number of minutes >= 1"),
         ("time_limit_min", "10", r"executor\.time_limit_min='10': expected an integer"),
         ("array_parallelism", 0, r"executor\.array_parallelism=0: expected an integer >= 1"),
@@ -60,12 +67,18 @@ def test_unknown_key_is_named_with_the_valid_keys():
         ("exclusive", "yes", r"executor\.exclusive='yes': expected true or false"),
         ("extra_sbatch", {"reservation": [1]}, r"executor\.extra_sbatch=.*: expected a mapping of sbatch flag"),
         ("setup", "module load cuda", r"executor\.setup='module load cuda': expected a list of strings"),
-        ("partition", "", r"executor\.partition='': expected a non-empty string or null"),
+        ("partition", "", r"executor\.partition='': expected null or a non-empty string"),
     ],
 )
 def test_bad_value_is_named_with_the_expected_form(key, value, expected):
     with pytest.raises(ConfigError, match=expected):
-        ExecutorConfig.from_mapping({key: value})
+        executor(**{key: value})
+
+
+def test_missing_key_is_named():
+    data = {k: v for k, v in DEFAULTS.items() if k != "qos"}
+    with pytest.raises(ConfigError, match=r"^executor\.qos: missing \(SLURM QOS\)$"):
+        ExecutorConfig.from_mapping(data)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +87,7 @@ def test_bad_value_is_named_with_the_expected_form(key, value, expected):
      ("extra_sbatch", {"reservation": "bench"}), ("setup", None), ("partition", None)],
 )
 def test_nearest_accepted_value(key, value):
-    ExecutorConfig.from_mapping({key: value})
+    executor(**{key: value})
 
 
 def test_auto_is_slurm_when_sbatch_is_on_path(tmp_path, monkeypatch):
@@ -141,7 +154,7 @@ def test_slurm_without_srun_says_how_to_fix(tmp_path, monkeypatch):
 
 
 def test_local_job_returns_its_value(tmp_path):
-    cfg = ExecutorConfig.from_mapping({"name": "local", "time_limit_min": 2})
+    cfg = executor(name="local", time_limit_min=2)
     ex = dispatch.make_executor(cfg, world_size=1, gpus_per_node=0, folder=tmp_path)
     handle = dispatch.submit(ex, payloads.double, 21)
     (out,) = wait_for([handle], all_finished)
@@ -151,7 +164,7 @@ def test_local_job_returns_its_value(tmp_path):
 
 
 def test_local_failure_is_data(tmp_path):
-    cfg = ExecutorConfig.from_mapping({"name": "local", "time_limit_min": 2})
+    cfg = executor(name="local", time_limit_min=2)
     ex = dispatch.make_executor(cfg, world_size=1, gpus_per_node=0, folder=tmp_path)
     (out,) = wait_for([dispatch.submit(ex, payloads.boom, "local bad")], all_finished)
     assert (out.state, out.error) == (JobState.FAILED, "ValueError: local bad")
@@ -230,7 +243,7 @@ def test_slurm_multi_task_job_runs_fn_on_every_rank(slurm_cluster, tmp_path):
 def test_local_cancel_of_a_running_job_ends_cancelled(tmp_path):
     fifo = tmp_path / "never-written"
     os.mkfifo(fifo)
-    cfg = ExecutorConfig.from_mapping({"name": "local", "time_limit_min": 2})
+    cfg = executor(name="local", time_limit_min=2)
     ex = dispatch.make_executor(cfg, world_size=1, gpus_per_node=0, folder=tmp_path)
     handle = dispatch.submit(ex, payloads.block_on_fifo, str(fifo))
     wait_for([handle], lambda o: o[0].state == JobState.RUNNING)
@@ -242,6 +255,7 @@ def test_local_cancel_of_a_running_job_ends_cancelled(tmp_path):
 def test_config_from_a_hydra_node():
     from omegaconf import OmegaConf
 
-    node = OmegaConf.create({"name": "slurm", "setup": ["module load cuda"], "extra_sbatch": {"reservation": "b"}})
+    node = OmegaConf.create({**DEFAULTS, "name": "slurm", "setup": ["module load cuda"],
+                             "extra_sbatch": {"reservation": "b"}})
     cfg = ExecutorConfig.from_mapping(node)
     assert (cfg.setup, cfg.extra_sbatch) == (["module load cuda"], {"reservation": "b"})

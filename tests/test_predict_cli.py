@@ -93,7 +93,7 @@ def test_ordering_is_fastest_first_per_key():
 
 def test_skip_is_off_by_default():
     cfg = config.load(["cp=16", "tp=2", "seq=8192"])
-    assert cfg.search["skip_predicted_slower_than"] is None
+    assert cfg.search.skip_predicted_slower_than is None
     assert predict.skip_slower_than(predict.ordering(cfg), None) == []
 
 
@@ -107,16 +107,17 @@ def test_skip_slower_than_factor_records_predicted_numbers():
 
 
 @pytest.mark.parametrize("factor", [0.5, "fast", True])
-def test_skip_factor_below_one_is_refused_with_the_fix(factor):
-    with pytest.raises(ConfigError, match="expected a number >= 1"):
-        predict.skip_slower_than([], factor)
+def test_skip_factor_below_one_is_refused_at_load_with_the_fix(factor):
+    with pytest.raises(ConfigError, match=r"search.skip_predicted_slower_than=.*: expected null "
+                                          r"or a number >= 1 \(e.g. 1.5 skips"):
+        config.load([f"search.skip_predicted_slower_than={str(factor).lower()}"])
 
 
 # ------------------------------------------------------------------ runner choice
 
 def test_runner_model_and_auto_are_options():
-    assert config.load(["runner=model"]).runner["name"] == "model"
-    assert config.load(["runner=auto"]).runner["name"] == "auto"
+    assert config.load(["runner=model"]).runner.name == "model"
+    assert config.load(["runner=auto"]).runner.name == "auto"
 
 
 def test_auto_without_gpu_or_slurm_predicts_and_says_how_to_measure(monkeypatch):
@@ -137,5 +138,5 @@ def test_auto_with_gpu_or_slurm_measures(monkeypatch, present):
 def test_explicit_runners_pass_through():
     assert predict.resolve_runner("attention") == ("attention", "")
     assert predict.resolve_runner("model")[0] == "model"
-    with pytest.raises(ConfigError, match="runner='gpu': expected one of attention, bridge"):
-        predict.resolve_runner("gpu")
+    with pytest.raises(ConfigError, match="runner.name='gpu': expected one of auto, attention"):
+        config.load(["runner.name=gpu"])

@@ -1,0 +1,124 @@
+"""The typed configuration groups: the top-level keys, ``runner``, ``search`` and
+``executor`` (``cluster`` and ``model`` live in cluster.py / model.py).
+
+Each is a frozen dataclass built by ``schema.from_mapping`` when the config is loaded, so a
+bad value stops every command at once with one line (exit 2). Fields backed by a key in
+``conf/`` have no Python default: the YAML is where the default is written, once. What each
+field allows is in its annotation and metadata, which the README's Configuration section
+mirrors. No third-party imports: dispatch, sweep and the CLI read these as attributes.
+"""
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+from hcp_tune.errors import ConfigError
+from hcp_tune.schema import from_mapping, valid_keys
+
+# Sizes every command accepts (issue 8, 4.6): beyond them nothing real exists, and the
+# enumeration and rank groups stay instant. The world (tp*cp*dp) is bounded as well.
+CP_MAX = 1024  # largest CP split; Megatron-Bridge's published runs use up to 32-64
+TP_MAX = 64  # TP stays inside an NVLink domain (72 GPUs on GB200 NVL72)
+DP_MAX = 1024  # data-parallel replicas measured in one trial
+SEQ_MAX = 2 ** 24  # 16,777,216 tokens, past the longest published CP runs (~10M)
+MBS_MAX = 1024
+WORLD_MAX = 16384  # tp*cp*dp GPUs in one trial (plan lists every rank group: stays ~1 s)
+
+Runner = Literal["auto", "attention", "model", "bridge"]
+RUNNERS: tuple[str, ...] = typing.get_args(Runner)
+ExecutorName = Literal["slurm", "local", "auto"]
+EXECUTOR_NAMES: tuple[str, ...] = typing.get_args(ExecutorName)
+RETRY_CHOICES = ("none", "failed", "oom", "comm", "numerics", "environment", "time_limit",
+                 "unknown")
+
+
+def _f(doc: str, **meta: Any) -> Any:
+    """A required field (its default is in conf/) with its doc and limits."""
+    return field(metadata={"doc": doc, **meta})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopLevel:
+    """``conf/config.yaml``'s own keys, as the user types them."""
+
+    cp: int = _f("context-parallel size to split", max=CP_MAX)
+    seq: tuple[int, ...] = _f("sequence length(s)", max=SEQ_MAX)
+    tp: tuple[int, ...] = _f("tensor-parallel size(s)", max=TP_MAX)
+    dp: int = _f("data-parallel replicas in a trial", max=DP_MAX)
+    mbs: int = _f("micro-batch size", max=MBS_MAX)
+    dtype: Literal["bf16", "fp16", "fp32"] = _f("attention dtype")
+    drop_cross_node_a2a: bool = _f("reject layouts whose a2a level leaves a node")
+    format: Literal["table", "json"] = _f("output format")
+    results_dir: str = _f("where sweeps store results")
+    env_tag: str = _f("name of the software stack measured")
+
+    def __post_init__(self) -> None:
+        world = max(self.tp) * self.cp * self.dp
+        if world > WORLD_MAX:
+            raise ConfigError(
+                f"tp*cp*dp = {max(self.tp)}*{self.cp}*{self.dp} = {world} GPUs: expected at "
+                f"most {WORLD_MAX} in one trial")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerConfig:
+    """``runner=``: what a trial measures, and how long."""
+
+    name: Runner = _f("auto | attention | model | bridge")
+    backend: Literal["auto", "te", "torch"] = _f("attention backend on the job side")
+    warmup_steps: int = _f("discarded steps before timing", min=0, max=1000)
+    measure_steps: int = _f("timed steps; the median is ranked", max=10000)
+    time_limit_s: float = _f("per trial, seconds")
+    inject_fault: Optional[Literal["cp_off", "no_groups", "raise", "kill_rank", "hang_rank"]] = \
+        _f("tests only: plant a failure the checks must catch")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    """``search=``: which layouts a sweep measures, how often, and when it stops one."""
+
+    repeats: int = _f("trials per layout", max=100)
+    early_stop: bool = _f("stop a trial clearly slower than the best so far")
+    order_by_prediction: bool = _f("measure in the cost model's predicted order")
+    skip_predicted_slower_than: Optional[float] = _f(
+        "skip layouts predicted more than this factor slower than the best", min=1.0,
+        expect="a number >= 1 (e.g. 1.5 skips layouts predicted 50% slower than the best)")
+    storage: Optional[str] = _f("optuna storage URL; null: <results_dir>/optuna.journal")
+    retry: Union[str, list[str]] = field(default="none", metadata={
+        "doc": "stored failures to measure again", "choices": RETRY_CHOICES})
+
+
+@dataclass(kw_only=True, frozen=True)
+class ExecutorConfig:
+    """``executor=``: where and how trial jobs run (keys and defaults: conf/executor/slurm.yaml)."""
+
+    name: ExecutorName = _f("slurm | local | auto (slurm when sbatch is on PATH)")
+    partition: Optional[str] = _f("null: the cluster's default partition")
+    account: Optional[str] = _f("SLURM account")
+    qos: Optional[str] = _f("SLURM QOS")
+    time_limit_min: int = _f("wall-clock limit of one trial job, minutes",
+                             expect="an integer number of minutes >= 1")
+    gpus_per_node: Optional[int] = _f("null: the cluster profile's count; 0: request none", min=0)
+    cpus_per_task: Optional[int] = _f("null: the partition's default")
+    mem_gb: Optional[float] = _f("null: the partition's default", expect="a number of GiB > 0")
+    exclusive: bool = _f("whole nodes only: no other job shares the links a trial measures")
+    array_parallelism: int = _f("most trials of one array running at once")
+    extra_sbatch: dict[str, Any] = _f(
+        "more #SBATCH flags; they win over the above",
+        expect="a mapping of sbatch flag names to scalar values, e.g. {reservation: bench}")
+    extra_srun: list[str] = _f("more arguments to the srun that starts the tasks")
+    container_image: Optional[str] = _f("pyxis: srun --container-image")
+    container_mounts: list[str] = _f("pyxis: srun --container-mounts entries src:dst")
+    setup: list[str] = _f("shell lines run before the tasks start")
+    python: Optional[str] = _f("python in the job (needs submitit); null: this interpreter")
+    folder: Optional[str] = _f("job folders; null: <results_dir>/jobs (must be shared)")
+
+    @classmethod
+    def valid_keys(cls) -> list[str]:
+        return valid_keys(cls)
+
+    @classmethod
+    def from_mapping(cls, data: Any) -> "ExecutorConfig":
+        """Build from the ``executor`` group (unknown keys are named with the valid ones)."""
+        return from_mapping(cls, data, "executor")
