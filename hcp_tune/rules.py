@@ -454,7 +454,7 @@ RULES: tuple[Rule, ...] = (
          "TE utils.py get_attention_backend; context_parallel.py", _attention_bias),
     Rule("seq-dataset-wins", "warning", (M + "seq_length", "dataset.seq_length"),
          "model.seq_length differs from dataset.seq_length: the dataset's runs",
-         "Bridge scripts/training/run_recipe.py (sync_model_dataset_sequence_length)",
+         "Bridge scripts/training/run_recipe.py (0.4+; recipe_runner.py in 0.6+)",
          _seq_dataset_wins),
     Rule("seq-mismatch", "error", (M + "seq_length", "dataset.seq_length"),
          "in a resolved config the two lengths are equal", "BCFG validate", _seq_mismatch),
