@@ -143,6 +143,18 @@ def test_validate_exit_codes_and_fix(tmp_path):
     assert f["fix"] == '"model.hierarchical_context_parallel_sizes=[4,2]"'
 
 
+def test_validate_reads_run_recipe_dry_run_output():
+    dry = str(REPO / "tests" / "data" / "bridge_dry_run.yaml")
+    r = run("validate", dry, "te_version=2.17.1", "cluster=dgx-h100")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run("validate", dry, "model.calculate_per_token_loss=false", "te_version=2.17.1",
+            "format=json")
+    assert r.returncode == 1
+    (f,) = json.loads(r.stdout)["findings"]
+    assert (f["rule"], f["severity"]) == ("finetune-cp-loss", "error")
+    assert f["fix"] == "model.calculate_per_token_loss=true ddp.average_in_collective=false"
+
+
 @pytest.mark.parametrize("plan_args,bridge,rule", [
     (["cp=8", "seq=131000"], ["model.context_parallel_size=8", "model.seq_length=131000",
                               "model.cp_comm_type=p2p"], "seq-divisible"),
