@@ -1,8 +1,12 @@
-"""The package works where it is installed, not only from a source checkout.
+"""The package works where it is installed, not only from a source checkout, and installs
+into a Bridge container without touching its stack.
 
 Builds the wheel from a copy of the sources, installs it (not editable) into a fresh
 virtual environment without system site-packages, and runs the orchestrator from an
 unrelated folder with PYTHONPATH cleared, so nothing can be found through the checkout.
+For the container, this lane's environment (torch, numpy and Megatron-Core installed:
+0.16 on Python 3.11, 0.19 on 3.12) stands in for it, and ``pip install --dry-run --report``
+says what the README's commands would change there.
 Marked ``wheel`` (``-m wheel``): .ci/run times it on its own.
 """
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,3 +131,45 @@ def test_presets_user_profiles_and_option_lists_come_from_the_package(installed,
     r = _run([py, "-m", "hcp_tune", "plan", "cluster=mine", "cp=8", "seq=65536"],
              cwd=tmp_path, env={**env, "HCP_TUNE_CONFIG_PATH": str(mine)})
     assert "cluster=mine" in r.stdout
+
+
+STACK = ("torch", "numpy", "megatron-core")  # the container's: never to be changed
+JOB_ADDS = ("submitit", "cloudpickle")       # what the job side needs besides the stack
+
+
+def _would_install(tmp_path, *args) -> dict[str, str]:
+    """{normalised name: version} that ``pip install ARGS`` would install here."""
+    report = tmp_path / "report.json"
+    _run([sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", report, *args])
+    return {re.sub(r"[-_.]+", "-", i["metadata"]["name"].lower()): i["metadata"]["version"]
+            for i in json.loads(report.read_text())["install"]}
+
+
+def test_container_install_adds_only_hcp_tune_submitit_and_cloudpickle(wheel, tmp_path):
+    """The README's command for the Bridge container."""
+    got = _would_install(tmp_path, "--no-deps", wheel, *JOB_ADDS)
+    assert "hcp-tune" in got and set(got) <= {"hcp-tune", *JOB_ADDS}, got
+
+
+def test_job_extra_keeps_the_installed_torch_numpy_and_megatron_core(wheel, tmp_path):
+    """Even ``pip install hcp-tune[job]`` beside the stack keeps it (no upper bound below
+    what Bridge ships; before, megatron-core 0.19.2 was replaced by 0.16.1)."""
+    have = {n: importlib.metadata.version(n) for n in STACK}
+    got = _would_install(tmp_path, f"{wheel}[job]")
+    assert not {n: (have[n], got[n]) for n in STACK if n in got}, f"would change: {got}"
+
+
+def test_megatron_core_bound_admits_every_version_bridge_ships(wheel):
+    from packaging.requirements import Requirement
+
+    whl = zipfile.ZipFile(wheel)
+    (name,) = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+    meta = whl.read(name).decode()
+    reqs = [Requirement(line.split(":", 1)[1]) for line in meta.splitlines()
+            if line.startswith("Requires-Dist:") and "megatron-core" in line]
+    assert reqs, "no megatron-core requirement in the job/test extras"
+    # 0.12: the first with create_gloo_process_groups; Bridge 0.4/0.5/0.6 ship 0.17/0.18/0.19
+    want = ["0.12.0", "0.16.1", "0.17.0", "0.18.0", "0.19.2", "0.20.0"]
+    for r in reqs:
+        assert [v for v in want if r.specifier.contains(v)] == want, str(r)
+        assert not r.specifier.contains("0.11.0"), str(r)
