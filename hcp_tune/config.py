@@ -21,17 +21,23 @@ from hcp_tune.rules import BY_ID, Facts, evaluate
 from hcp_tune.schema import from_mapping
 from hcp_tune.settings import ExecutorConfig, RunnerConfig, SearchConfig, TopLevel
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = Path(os.environ.get("HCP_TUNE_CONF_DIR", REPO_ROOT / "conf"))
+PKG_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PKG_DIR.parent
+# Where conf/ and sweeps/ are: an installed wheel carries them as hcp_tune/conf and
+# hcp_tune/sweeps (pyproject's package-dir mapping; pip always unpacks wheels to files, so
+# a path is enough and Hydra's pkg:// source, which needs __init__.py in every folder, is
+# not); a source checkout or an editable install has them beside the package.
+DATA_ROOT = PKG_DIR if (PKG_DIR / "conf" / "config.yaml").is_file() else REPO_ROOT
+CONF_DIR = Path(os.environ.get("HCP_TUNE_CONF_DIR", DATA_ROOT / "conf"))
 GROUPS = ("cluster", "model", "runner", "executor", "search", "sweeps")
 
 
 def search_dirs() -> list[Path]:
-    """Extra config roots: ``HCP_TUNE_CONFIG_PATH`` (os.pathsep-separated), then the repo
-    root so that ``sweeps/`` is the ``sweeps`` group. A user's profile in
+    """Extra config roots: ``HCP_TUNE_CONFIG_PATH`` (os.pathsep-separated), then the folder
+    holding ``sweeps/`` (the ``sweeps`` group). A user's profile in
     ``<dir>/cluster/NAME.yaml`` becomes ``cluster=NAME``."""
     extra = [Path(p) for p in os.environ.get("HCP_TUNE_CONFIG_PATH", "").split(os.pathsep) if p]
-    return [*extra, REPO_ROOT]
+    return [*extra, DATA_ROOT]
 
 
 def group_options(group: str) -> list[str]:
