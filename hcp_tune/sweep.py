@@ -42,6 +42,7 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
         heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim, hidden=m.hidden,
         ffn_hidden=m.ffn_hidden, layers=m.layers, vocab=m.vocab,
         runner=str(r.get("name", "attention")), backend=str(r.get("backend", "auto")),
+        qkv_format=str(r.get("qkv_format", "sbhd")),
         warmup_steps=int(r.get("warmup_steps", 2)), measure_steps=int(r.get("measure_steps", 5)),
         time_limit_s=float(r.get("time_limit_s", 600)),
         expected_groups=cand.groups.as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
