@@ -147,3 +147,15 @@ def test_new_fields_round_trip():
     spec = make_spec(Layout(2, 2), qkv_format="bshd")
     assert spec_from_json(to_json(spec)).qkv_format == "bshd"
     assert make_spec(Layout(2, 2)).qkv_format == "sbhd"  # Megatron-Core's training layout
+
+
+def test_te_backend_format_and_notes_reach_the_trial_row():
+    from hcp_tune.store import SweepKey, trial_row
+
+    key = SweepKey(cluster="dgx-h100", model="llama3-8b", tp=1, cp=4, seq=16384,
+                   runner="attention", env_tag="te-2.17")
+    res = TrialResult(trial_id="t", status=Status.OK, backend="te", qkv_format="sbhd",
+                      te_backend="FusedAttention (sub-backend 1)", notes=["a", "b"])
+    row = trial_row(key, make_spec(Layout(2, 2)), res)
+    assert (row["te_backend"], row["qkv_format"], row["notes"]) == (
+        "FusedAttention (sub-backend 1)", "sbhd", "a; b")
