@@ -131,6 +131,9 @@ def test_te_attention_on_hierarchical_groups(tmp_path):
     res = run_local(spec, workdir=tmp_path)
     assert res.status == Status.OK, f"{res.error} (log {res.log_path})"
     assert res.backend == "te" and res.verification["numerics"]["tolerance"] == 2.5e-2
+    assert res.verification["numerics"]["reference"] == "no-CP bf16"
+    assert res.qkv_format == "sbhd" and res.te_backend, res.te_backend  # TE's own report
+    assert res.resources["process_groups"] == 1  # only the world group at the start
     assert res.fingerprint["gpu"] and res.fingerprint["transformer_engine"]
 
 

@@ -1,8 +1,9 @@
 """One measured trial, run on every rank: ``run_trial(spec) -> TrialResult``.
 
-Order: launcher environment -> world group (with the comm timeout) -> Megatron-Core groups,
-read back and compared with the plan -> the CP-active proof on a small input -> warm-up
-and measured steps -> statistics, FLOP/s, physical check -> groups destroyed. Every rank
+Order: launcher environment -> this rank's GPU bound (before any CUDA object) -> backend
+-> world group (with the comm timeout) -> Megatron-Core groups, read back and compared with
+the plan -> the CP-active proof on a small input -> warm-up and measured steps ->
+statistics, FLOP/s, physical check -> every group the trial created destroyed. Every rank
 returns a result; rank 0's is the authoritative one (verdicts are broadcast from it).
 Nothing here raises for a trial failure: exceptions become FAILED results with a failure
 class and the first meaningful error line.
