@@ -159,3 +159,35 @@ def test_te_backend_format_and_notes_reach_the_trial_row():
     row = trial_row(key, make_spec(Layout(2, 2)), res)
     assert (row["te_backend"], row["qkv_format"], row["notes"]) == (
         "FusedAttention (sub-backend 1)", "sbhd", "a; b")
+
+
+def test_each_te_layer_records_only_its_own_selection_and_leaves_no_handler():
+    """TEAttention listens to TE's logger only during its own forward (no TE here: the
+    layer inside is a stand-in that logs the way TE's backend selection does)."""
+    from hcp_tune.job.te_attention import TEAttention
+
+    class LoggingLayer:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, q, k, v):
+            logging.getLogger(TE_LOGGER).debug("Selected backend = %s.", self.name)
+            return q.flatten(2)
+
+    logger = logging.getLogger(TE_LOGGER)
+    old, handlers = logger.level, list(logger.handlers)
+    logger.setLevel(logging.DEBUG)
+    try:
+        layers = {}
+        for name in ("FusedAttention (sub-backend 1)", "FlashAttention (2.7.4)"):
+            att = TEAttention.__new__(TEAttention)  # skips __init__, which imports TE
+            att.heads, att.head_dim, att.qkv_format = 2, 4, "sbhd"
+            att.log, att.layer = BackendLog(), LoggingLayer(name)
+            layers[name] = att
+        x = torch.zeros(3, 1, 2, 4)
+        for att in layers.values():
+            assert att(x, x, x).shape == x.shape
+        assert {n: a.selected_backend for n, a in layers.items()} == {n: n for n in layers}
+        assert logger.handlers == handlers
+    finally:
+        logger.setLevel(old)

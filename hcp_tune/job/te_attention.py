@@ -91,8 +91,8 @@ def parse_selected_backend(message: str) -> Optional[str]:
 class BackendLog(logging.Handler):
     """Collects the backends TE reports selecting, in order (attach with ``attach()``).
 
-    Attached before TE's first forward, it also keeps TE from adding its own stderr
-    handler (TE adds one only to a logger without handlers).
+    Attached while TE selects, it also keeps TE from adding its own stderr handler (TE
+    adds one only to a logger without handlers).
     """
 
     def __init__(self) -> None:
@@ -147,7 +147,7 @@ class TEAttention:
                 cp_comm_type=comm_type,
             )
         self.heads, self.head_dim, self.qkv_format = heads, head_dim, qkv_format
-        self.log = BackendLog().attach()
+        self.log = BackendLog()
         self.layer = te.DotProductAttention(
             num_attention_heads=heads,
             kv_channels=head_dim,
@@ -164,5 +164,12 @@ class TEAttention:
         return self.log.last
 
     def __call__(self, q, k, v):
-        out = self.layer(q, k, v)  # [s, b, h*d] (sbhd) or [b, s, h*d] (bshd)
+        # listen only during this layer's own forward, where TE selects its kernel: another
+        # layer's choice (the no-CP reference's) must not be taken for this one's, and
+        # handlers must not pile up over trials (a few microseconds per step)
+        self.log.attach()
+        try:
+            out = self.layer(q, k, v)  # [s, b, h*d] (sbhd) or [b, s, h*d] (bshd)
+        finally:
+            self.log.detach()
         return out.view(q.shape[0], q.shape[1], self.heads, self.head_dim)
