@@ -132,9 +132,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as e:
         print(f"gpu-check: error: {e}", file=sys.stderr)
         return 2
-    print(f"gpu-check: {mode.name} mode: cp={CP} layouts {', '.join(f'[{a},{p}]' for a, p in LAYOUTS)}"
-          f", backend {mode.backend}, model {mode.model}, seq {mode.seq}, {mode.dtype}, "
-          f"profile {mode.cluster}; logs in {workdir}", flush=True)
+    layouts = ", ".join(f"[{a},{p}]" for a, p in LAYOUTS)
+    print(f"gpu-check: {mode.name} mode: cp={CP} layouts {layouts}, backend {mode.backend}, "
+          f"model {mode.model}, seq {mode.seq}, {mode.dtype}, profile {mode.cluster}; "
+          f"logs in {workdir}", flush=True)
     results = run_local_batch(specs, workdir=workdir)
     passed = 0
     for spec, res in zip(specs, results):
