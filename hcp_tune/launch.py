@@ -83,6 +83,12 @@ def run_local(spec: TrialSpec, *, workdir: str | Path, timeout_s: Optional[float
     return run_local_batch([spec], workdir=workdir, timeout_s=timeout_s)[0]
 
 
+def local_payload(spec: TrialSpec, workdir: str) -> TrialResult:
+    """The local executor's job: one task that starts the trial's ranks as local processes.
+    (Here, not in the orchestrator's modules: a job imports what defines its payload.)"""
+    return run_local(spec, workdir=workdir)
+
+
 def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
                     timeout_s: Optional[float] = None) -> list[TrialResult]:
     """Run trials of one world size one after another in the same local processes."""

@@ -67,6 +67,7 @@ class RunnerConfig:
 
     name: Runner = _f("auto | attention | model | bridge")
     backend: Literal["auto", "te", "torch"] = _f("attention backend on the job side")
+    qkv_format: Literal["sbhd", "bshd"] = _f("TE's q/k/v layout (sbhd: what Megatron-Core trains with)")
     warmup_steps: int = _f("discarded steps before timing", min=0, max=1000)
     measure_steps: int = _f("timed steps; the median is ranked", max=1_000_000)
     time_limit_s: float = _f("per trial, seconds")

@@ -65,6 +65,9 @@ class TrialSpec:
     vocab: int = 0
     runner: str = "attention"  # attention | bridge
     backend: str = "auto"  # auto | te | torch (attention runner only)
+    # the q/k/v layout TE is timed in: sbhd is what Megatron-Core's TEDotProductAttention
+    # runs in training; bshd the alternative. The torch reference always runs bshd.
+    qkv_format: str = "sbhd"
     warmup_steps: int = 2  # discarded: allocator, NCCL communicator and kernel warm-up
     measure_steps: int = 5
     seed: int = 1234
@@ -113,6 +116,13 @@ class TrialResult:
     verification: dict[str, Any] = field(default_factory=dict)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     backend: str = ""
+    # the kernel TE selected for the timed shapes, from its debug log ("FusedAttention
+    # (sub-backend 1)", "FlashAttention (2.7.4)", ...); "" on the torch reference
+    te_backend: str = ""
+    qkv_format: str = ""  # the layout the attention ran in (sbhd | bshd)
+    notes: list[str] = field(default_factory=list)  # e.g. why another backend ran than asked
+    # what the job saw of its own resources (open file descriptors, live process groups)
+    resources: dict[str, Any] = field(default_factory=dict)
     world_size: int = 0
     log_path: Optional[str] = None
     job_id: Optional[str] = None

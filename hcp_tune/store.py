@@ -68,6 +68,9 @@ def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any)
         "wall_s": result.wall_s,
         "mem_note": result.mem_note,
         "backend": result.backend,
+        "te_backend": result.te_backend,  # the kernel TE selected ("" on the torch reference)
+        "qkv_format": result.qkv_format,
+        "notes": "; ".join(result.notes),
         "verified": verified(result.verification),
         "fingerprint": json.dumps(result.fingerprint, sort_keys=True),
         "job_id": result.job_id or "",

@@ -21,6 +21,9 @@ from typing import Any, Optional
 
 from hcp_tune import dispatch
 from hcp_tune.config import SweepConfig
+# the jobs' payloads: defined on the job side, so a job imports none of the orchestrator
+from hcp_tune.job.payload import slurm_payload
+from hcp_tune.launch import local_payload
 from hcp_tune.layout import Candidate
 from hcp_tune.plan import candidates
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec, classify_error_text
@@ -39,7 +42,7 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
         seq=cand.seq, mbs=cfg.mbs, dtype="fp32" if cfg.cluster.device == "cpu" else cfg.dtype,
         heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim, hidden=m.hidden,
         ffn_hidden=m.ffn_hidden, layers=m.layers, vocab=m.vocab,
-        runner=r.name, backend=r.backend, warmup_steps=r.warmup_steps,
+        runner=r.name, backend=r.backend, qkv_format=r.qkv_format, warmup_steps=r.warmup_steps,
         measure_steps=r.measure_steps, time_limit_s=r.time_limit_s,
         expected_groups=cand.groups.as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
         device=cfg.cluster.device,
@@ -96,20 +99,6 @@ def failed_from_job(spec: TrialSpec, outcome: dispatch.JobOutcome) -> TrialResul
                       error=outcome.error or f"job ended: {outcome.scheduler_state or 'unknown'}")
     res.log_path = str(outcome.stderr) if outcome.stderr else None
     return res
-
-
-def local_payload(spec: TrialSpec, workdir: str) -> TrialResult:
-    """Local executor: one task that starts the trial's ranks as local processes."""
-    from hcp_tune.launch import run_local
-
-    return run_local(spec, workdir=workdir)
-
-
-def slurm_payload(spec: TrialSpec) -> TrialResult:
-    """SLURM executor: every task of the job is one rank of the trial."""
-    from hcp_tune.job.entry import run_trial
-
-    return run_trial(spec)
 
 
 @dataclass

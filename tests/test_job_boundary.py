@@ -3,16 +3,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-JOB_MODULES = ["dist", "groups", "ref_attention", "te_attention", "verify", "bench", "entry"]
+JOB_MODULES = ["dist", "groups", "ref_attention", "te_attention", "verify", "bench", "entry",
+               "payload"]
 
 # The libraries are made to look uninstalled: ``sys.modules[name] = None`` makes ``import name``
 # raise ImportError and ``importlib.util.find_spec(name)`` return None. (A meta-path finder that
 # raises would also break torch._dynamo, which probes optional modules with find_spec at
 # import time: a false failure that says nothing about our imports.)
-BLOCK = """
-import sys
 BLOCKED = {"hydra", "omegaconf", "optuna", "pandas", "rich"}
+BLOCK = f"""
+import sys
+BLOCKED = {BLOCKED!r}
 for name in BLOCKED:
     sys.modules[name] = None
 """
@@ -24,7 +28,9 @@ import hcp_tune.spec, hcp_tune.job.entry as e
 # the lazily imported parts too: Megatron-Core's parallel_state, the backend choice
 from megatron.core import parallel_state
 e.choose_backend(hcp_tune.spec.TrialSpec(trial_id="x", a2a=1, p2p=2, seq=8, heads=8,
-                                         kv_heads=8, head_dim=8))
+                                         kv_heads=8, head_dim=8), None)
+from hcp_tune.job import te_attention
+assert te_attention.te_min_version_ok("2.17.1+4329ff8")  # packaging, Megatron-Core's dependency
 loaded = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED and sys.modules[n] is not None)
 assert not loaded, loaded
 print("job side clean")
@@ -51,7 +57,7 @@ def test_job_package_lists_only_allowed_imports():
     allowed = {"__future__", "dataclasses", "datetime", "importlib", "json", "math", "os",
                "platform", "re", "resource", "socket", "subprocess", "sys", "threading", "time",
                "typing",
-               "pathlib", "torch", "megatron", "transformer_engine", "submitit", "hcp_tune"}
+               "pathlib", "logging", "packaging", "torch", "megatron", "transformer_engine", "submitit", "hcp_tune"}
     import ast
     for path in sorted((ROOT / "hcp_tune" / "job").glob("*.py")):
         tree = ast.parse(path.read_text())
@@ -66,3 +72,79 @@ def test_job_package_lists_only_allowed_imports():
                 if n.startswith("hcp_tune."):
                     assert n in ("hcp_tune.spec", "hcp_tune.flops") or n.startswith("hcp_tune.job"), \
                         f"{path.name} imports orchestrator module {n}"
+
+
+# ---------------------------------------------------------------- what a job unpickles
+# submitit pickles the payload by reference: the job process imports the payload's module
+# before anything runs. The payloads are taken from hcp_tune.sweep, i.e. exactly what a
+# sweep hands submitit. A ``sitecustomize`` on PYTHONPATH blocks the orchestrator's
+# libraries in the job process and in every rank process it starts.
+
+RUN_PAYLOAD = """
+import sys
+from submitit.core.utils import DelayedSubmission
+result = DelayedSubmission.load(sys.argv[1]).result()
+loaded = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED and sys.modules[n] is not None)
+assert not loaded, loaded
+# nothing of the orchestrator either (hcp_tune.sweep, dispatch, config, store, ...): today
+# they import the blocked libraries lazily, tomorrow one may do it at the top
+ours = sorted(n for n in sys.modules if n.startswith("hcp_tune."))
+strays = [n for n in ours if not n.startswith("hcp_tune.job") and n not in JOB_SIDE]
+assert not strays, f"the job imported orchestrator modules: {strays}"
+print("payload ran:", result.status.value, result.error or "")
+"""
+JOB_SIDE = {"hcp_tune.spec", "hcp_tune.flops", "hcp_tune.launch"}  # standard library only
+
+
+def _run_pickled_payload(tmp_path, fn, *args):
+    import os
+
+    from submitit.core.utils import DelayedSubmission
+
+    (tmp_path / "sitecustomize.py").write_text(BLOCK)
+    pickled = tmp_path / "payload.pkl"
+    DelayedSubmission(fn, *args).dump(pickled)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SUBMITIT_", "HCP_TUNE_", "TORCHELASTIC"))
+           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    code = (f"BLOCKED = {BLOCKED!r}\nJOB_SIDE = {JOB_SIDE!r}\n" + RUN_PAYLOAD)
+    return subprocess.run([sys.executable, "-c", code, str(pickled)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _payload_spec(a2a: int, p2p: int, trial_id: str):
+    from hcp_tune.spec import TrialSpec
+
+    return TrialSpec(trial_id=trial_id, a2a=a2a, p2p=p2p, seq=32, heads=8, kv_heads=8,
+                     head_dim=8, warmup_steps=0, measure_steps=1, comm_timeout_s=30.0)
+
+
+def test_sitecustomize_blocker_reaches_a_fresh_interpreter(tmp_path):
+    import os
+
+    (tmp_path / "sitecustomize.py").write_text(BLOCK)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", "import optuna"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "import of optuna halted" in proc.stderr
+
+
+def test_slurm_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path):
+    from hcp_tune.sweep import slurm_payload
+
+    assert slurm_payload.__module__.startswith("hcp_tune.job.")
+    proc = _run_pickled_payload(tmp_path, slurm_payload, _payload_spec(1, 1, "one-rank"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "payload ran: ok" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+@pytest.mark.multiproc
+def test_local_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path):
+    from hcp_tune.sweep import local_payload
+
+    spec = _payload_spec(1, 2, "two-ranks")
+    proc = _run_pickled_payload(tmp_path, local_payload, spec, str(tmp_path / "trial"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "payload ran: ok" in proc.stdout, (
+        proc.stdout + proc.stderr[-2000:] + (tmp_path / "trial" / "rank0.log").read_text()[-2000:])

@@ -8,7 +8,7 @@ import torch
 from hcp_tune.job import bench, dist as jdist, verify
 from hcp_tune.job.entry import run_trial
 from hcp_tune.job.ref_attention import RefHCPAttention
-from hcp_tune.job.te_attention import _version_tuple, te_unavailable_reason
+from hcp_tune.job.te_attention import te_min_version_ok, te_unavailable_reason
 from hcp_tune.spec import FailureClass, Status, TrialSpec
 
 
@@ -97,9 +97,11 @@ def test_tolerances_are_te_s_own(dtype, gqa, tol):
 
 
 @pytest.mark.parametrize("text, ok", [("1.12.0", True), ("2.9.0.dev0+abc", True),
-                                      ("1.11.0+cu12", False), ("0.9", False)])
+                                      ("2.17.1+4329ff8", True), ("1.12.0rc1", False),
+                                      ("1.11.0+cu12", False), ("0.9", False),
+                                      ("not-a-version", False)])
 def test_te_minimum_version_is_1_12(text, ok):
-    assert (_version_tuple(text) >= (1, 12)) is ok
+    assert te_min_version_ok(text) is ok
 
 
 def test_te_requested_without_cuda_or_te_is_an_environment_failure():
@@ -129,6 +131,9 @@ def test_te_attention_on_hierarchical_groups(tmp_path):
     res = run_local(spec, workdir=tmp_path)
     assert res.status == Status.OK, f"{res.error} (log {res.log_path})"
     assert res.backend == "te" and res.verification["numerics"]["tolerance"] == 2.5e-2
+    assert res.verification["numerics"]["reference"] == "no-CP bf16"
+    assert res.qkv_format == "sbhd" and res.te_backend, res.te_backend  # TE's own report
+    assert res.resources["process_groups"] == 1  # only the world group at the start
     assert res.fingerprint["gpu"] and res.fingerprint["transformer_engine"]
 
 
@@ -145,6 +150,6 @@ def test_gpu_profile_trial_on_a_node_without_cuda_is_an_environment_failure():
 
     spec = make_spec(Layout(2, 2), device="cuda")
     with pytest.raises(EnvironmentProblem, match="no CUDA device on this node") as err:
-        choose_backend(spec)
+        choose_backend(spec, None)
     assert classify(err.value)[0] is FailureClass.ENVIRONMENT
-    assert choose_backend(make_spec(Layout(2, 2), device="cpu"))[0] == "torch"
+    assert choose_backend(make_spec(Layout(2, 2), device="cpu"), None).name == "torch"

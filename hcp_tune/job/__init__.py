@@ -2,15 +2,17 @@
 
 Modules here import only the standard library, torch, megatron.core, transformer_engine
 (lazily, on the TE path), submitit (lazily, only to read a SLURM job's environment),
-``hcp_tune.spec`` and ``hcp_tune.flops`` (both standard-library only, shared with the
-orchestrator) and each other. Never hydra, optuna, pandas or rich; a test imports
+packaging (a Megatron-Core dependency, for TE's version), ``hcp_tune.spec`` and
+``hcp_tune.flops`` (both standard-library only, shared with the orchestrator) and each
+other. Never hydra, optuna, pandas or rich; a test imports
 every module with those blocked. This file imports nothing.
 
-  dist.py           where rank/world/master come from; process group with a timeout
+  dist.py           where rank/world/master come from; GPU binding; world group with a timeout
   groups.py         Megatron-Core's CP/HCP groups: create, read back, compare, destroy
   ref_attention.py  pure-torch a2a+p2p causal attention with its backward (CPU/fp32)
   te_attention.py   Transformer Engine's DotProductAttention on the same groups (CUDA)
   verify.py         the proof that CP is active: CP result == single-process attention
   bench.py          timing, FLOPs, peak memory
   entry.py          run_trial(spec) on every rank; ``python -m hcp_tune.job.entry``
+  payload.py        what a SLURM job unpickles and runs (submitit's payload)
 """

@@ -123,18 +123,34 @@ def backend_for(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
+def bind_device(local_rank: int) -> int | None:
+    """Bind this process to GPU ``local_rank % device_count``; None where there is no CUDA.
+
+    Must run before anything creates a CUDA object (tensor, stream, event, or a call of
+    ``torch.cuda.current_device()``): those would bind every rank to GPU 0, and NCCL then
+    fails with a duplicate-GPU error or hangs. Upstream entry points do the same first
+    (Bridge's initialize, TE's CP test: ``rank % device_count``). The modulo covers both a
+    node whose tasks each see all GPUs and one whose tasks see only their own.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return index
+
+
 def init_distributed(env: DistEnv, *, device_type: str, timeout_s: float) -> bool:
     """Join the world group; True when this call created it (so it should destroy it).
 
     ``timeout_s`` is the process-group timeout: collectives that wait longer on a peer fail.
+    On CUDA the rank must already be bound to its GPU (``bind_device``).
     """
-    import torch
     import torch.distributed as dist
 
     if dist.is_initialized():
         return False
-    if device_type == "cuda":
-        torch.cuda.set_device(env.local_rank)
     os.environ["MASTER_ADDR"] = env.master_addr
     os.environ["MASTER_PORT"] = str(env.master_port)
     dist.init_process_group(

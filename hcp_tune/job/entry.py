@@ -1,8 +1,9 @@
 """One measured trial, run on every rank: ``run_trial(spec) -> TrialResult``.
 
-Order: launcher environment -> world group (with the comm timeout) -> Megatron-Core groups,
-read back and compared with the plan -> the CP-active proof on a small input -> warm-up
-and measured steps -> statistics, FLOP/s, physical check -> groups destroyed. Every rank
+Order: launcher environment -> this rank's GPU bound (before any CUDA object) -> backend
+-> world group (with the comm timeout) -> Megatron-Core groups, read back and compared with
+the plan -> the CP-active proof on a small input -> warm-up and measured steps ->
+statistics, FLOP/s, physical check -> every group the trial created destroyed. Every rank
 returns a result; rank 0's is the authoritative one (verdicts are broadcast from it).
 Nothing here raises for a trial failure: exceptions become FAILED results with a failure
 class and the first meaningful error line.
@@ -25,8 +26,9 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from hcp_tune.spec import (
     FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, classify_error_text,
@@ -54,30 +56,63 @@ def classify(exc: BaseException) -> tuple[FailureClass, str]:
     return classify_error_text(f"{type(exc).__name__}: {exc}"), line
 
 
-def choose_backend(spec: TrialSpec):
-    """(backend, device, dtype): TE on CUDA with TE >= 1.12, else the torch reference."""
+def _reference_dtype(spec: TrialSpec) -> str:
+    """The torch reference's dtype: fp32 unless backend=torch asks for bf16/fp16 explicitly
+    (then it is proven the same-dtype way, as the TE path is: the GPU proof, on gloo)."""
+    return spec.dtype if spec.backend == "torch" else "fp32"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The attention implementation a trial runs, where, in which dtype, and why."""
+
+    name: str  # te | torch
+    device: Any  # torch.device
+    dtype: str  # bf16 | fp16 | fp32
+    note: str = ""  # set when the choice differs from what the spec asked for
+
+
+def choose_backend(spec: TrialSpec, cuda_index: Optional[int]) -> Backend:
+    """TE on CUDA (sm80+, TE >= 1.12, bf16/fp16), else the torch reference.
+
+    ``cuda_index`` is the GPU this rank is already bound to (``dist.bind_device``), None
+    without CUDA. Nothing here may touch a device before that binding.
+    """
     import torch
 
-    from hcp_tune.job.te_attention import te_unavailable_reason
+    from hcp_tune.job.te_attention import cp_capability_problem, te_unavailable_reason
 
     if spec.runner != "attention":
         raise EnvironmentProblem(f"runner {spec.runner!r} is not implemented in this job yet")
-    if spec.device == "cuda" and not torch.cuda.is_available():
+    if spec.backend not in ("auto", "te", "torch"):
+        raise EnvironmentProblem(f"unknown backend {spec.backend!r}: expected auto, te or torch")
+    if spec.device == "cuda" and cuda_index is None:
         raise EnvironmentProblem(
             "no CUDA device on this node, but the trial is for a GPU cluster profile "
             "(measure CPU trials with cluster=local)")
+    if cuda_index is None:
+        if spec.backend == "te":
+            raise EnvironmentProblem(f"backend=te requested, but {te_unavailable_reason()}")
+        return Backend("torch", torch.device("cpu"), _reference_dtype(spec))
+    device = torch.device("cuda", cuda_index)
+    if spec.backend == "torch":
+        return Backend("torch", device, _reference_dtype(spec))
+    problem = cp_capability_problem(cuda_index)
+    if problem:  # the torch reference would measure something no training run can use
+        raise EnvironmentProblem(problem)
     reason = te_unavailable_reason()
-    if spec.backend == "te" and reason:
-        raise EnvironmentProblem(f"backend=te requested, but {reason}")
-    if spec.backend == "te" or (spec.backend == "auto" and reason is None):
-        if spec.dtype == "fp32":
+    if reason:
+        if spec.backend == "te":
+            raise EnvironmentProblem(f"backend=te requested, but {reason}")
+        return Backend("torch", device, "fp32",
+                       f"backend=auto: {reason}; the pure-torch reference ran instead (fp32)")
+    if spec.dtype == "fp32":
+        if spec.backend == "te":
             raise EnvironmentProblem("the TE path runs bf16 or fp16, not fp32: set dtype=bf16")
-        return "te", torch.device("cuda", torch.cuda.current_device()), spec.dtype
-    if spec.backend not in ("auto", "torch"):
-        raise EnvironmentProblem(f"unknown backend {spec.backend!r}: expected auto, te or torch")
-    if torch.cuda.is_available():
-        return "torch", torch.device("cuda", torch.cuda.current_device()), "fp32"
-    return "torch", torch.device("cpu"), "fp32"  # the reference runs fp32 on CPU
+        return Backend("torch", device, "fp32",
+                       "backend=auto with dtype=fp32: TE's CP attention runs bf16/fp16 only; "
+                       "the pure-torch reference ran instead")
+    return Backend("te", device, spec.dtype)
 
 
 def fingerprint(env, device) -> dict:
@@ -129,10 +164,28 @@ def _build_attention(spec, backend, groups):
 
         return TEAttention(heads=spec.heads // spec.tp, kv_heads=spec.kv_heads // spec.tp,
                            head_dim=spec.head_dim, groups=groups, comm_type=spec.comm_type,
-                           cp_off=cp_off)
+                           qkv_format=spec.qkv_format, cp_off=cp_off)
     from hcp_tune.job.ref_attention import build_ref_attention
 
     return build_ref_attention(groups, spec.comm_type, cp_off=cp_off)
+
+
+def _no_cp_reference(spec, backend: str, dtype: str):
+    """For the same-dtype proof (bf16/fp16): a factory of the same attention over all
+    heads, without CP; None for fp32, which is checked against float64."""
+    if dtype == "fp32":
+        return None  # checked against float64 causal attention instead
+    if backend != "te":
+        from hcp_tune.job.ref_attention import RefHCPAttention
+
+        return RefHCPAttention  # no groups: the whole sequence in one process
+
+    def build():
+        from hcp_tune.job.te_attention import TEAttention
+
+        return TEAttention(heads=spec.heads, kv_heads=spec.kv_heads, head_dim=spec.head_dim,
+                           groups=None, comm_type="none", qkv_format=spec.qkv_format)
+    return build
 
 
 def _numerics_error(v: dict) -> str:
@@ -156,9 +209,11 @@ def _measure(spec, attn, device, dtype, rank, t0):
     g = torch.Generator().manual_seed(spec.seed + 1 + rank)
     s_local = spec.seq // spec.cp
     hq, hk = spec.heads // spec.tp, spec.kv_heads // spec.tp
+    fmt = getattr(attn, "qkv_format", "bshd")
 
-    def rnd(h, grad=True):
-        t = torch.randn(spec.mbs, s_local, h, spec.head_dim, generator=g)
+    def rnd(h, grad=True):  # created in the attention's own layout: no transpose is timed
+        outer = (s_local, spec.mbs) if fmt == "sbhd" else (spec.mbs, s_local)
+        t = torch.randn(*outer, h, spec.head_dim, generator=g)
         return t.to(device=device, dtype=DTYPES[dtype]).requires_grad_(grad)
 
     q, k, v, dout = rnd(hq), rnd(hk), rnd(hk), rnd(hq, grad=False)
@@ -181,16 +236,41 @@ def _measure(spec, attn, device, dtype, rank, t0):
     )
 
 
+def resources() -> dict[str, Any]:
+    """Open file descriptors and live process groups of this process (a pile-up shows here)."""
+    from hcp_tune.job.groups import registered_groups
+
+    fd_dir = "/proc/self/fd"
+    return {"open_fds": len(os.listdir(fd_dir)) if os.path.isdir(fd_dir) else None,
+            "process_groups": len(registered_groups())}
+
+
+def _teardown_groups(before: frozenset, device, *, clean: bool) -> None:
+    """Destroy this trial's groups; after a failure only forget them (a peer may be gone)."""
+    from hcp_tune.job.groups import destroy_groups
+
+    if clean:  # every rank got the same verdict, so every rank is here: safe to meet
+        import torch
+        import torch.distributed as dist
+
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)  # nothing of ours still runs on a communicator
+        dist.barrier()
+    destroy_groups(before, destroy_communicators=clean)
+
+
 def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) -> TrialResult:
     """Run one trial on this rank; never raises for a trial failure."""
     t0 = time.monotonic()
     res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, world_size=spec.world_size)
-    created = groups_made = False
+    created = False
+    before = None  # the process groups that existed before this trial's, once it makes some
+    device = None
     try:
         if spec.inject_fault not in FAULTS:
             raise ValueError(f"inject_fault={spec.inject_fault!r}: expected one of {FAULTS}")
         from hcp_tune.job import bench
-        from hcp_tune.job.dist import detect_env, init_distributed
+        from hcp_tune.job.dist import bind_device, detect_env, init_distributed
         from hcp_tune.job.groups import check_groups, init_groups, read_groups
         from hcp_tune.job.verify import verify_cp
 
@@ -200,29 +280,38 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) ->
             raise EnvironmentProblem(
                 f"the launcher started {env.world_size} processes, the trial needs "
                 f"tp*cp = {spec.tp}*{spec.cp} = {spec.world_size}")
-        backend, device, dtype = choose_backend(spec)
+        # the GPU binding comes first: anything CUDA before it would land on GPU 0
+        chosen = choose_backend(spec, bind_device(env.local_rank))
+        backend, device, dtype = chosen.name, chosen.device, chosen.dtype
         res.backend = backend
+        if chosen.note:
+            res.notes.append(chosen.note)
         created = init_distributed(env, device_type=device.type, timeout_s=spec.comm_timeout_s)
         res.fingerprint = fingerprint(env, device)
         if spec.inject_fault == "raise":
             raise RuntimeError("injected fault (tests only): raise\nsecond line is not reported")
-        init_groups(tp=spec.tp, a2a=spec.a2a, p2p=spec.p2p, timeout_s=spec.comm_timeout_s,
-                    hierarchical=spec.inject_fault != "no_groups")
-        groups_made = True
+        res.resources = resources()
+        before = init_groups(tp=spec.tp, a2a=spec.a2a, p2p=spec.p2p,
+                             timeout_s=spec.comm_timeout_s,
+                             hierarchical=spec.inject_fault != "no_groups")
         groups = read_groups()
         res.verification["groups"] = check_groups(groups, spec)
         if not res.verification["groups"]["match"]:
             res.status, res.error = Status.INVALID, res.verification["groups"]["problems"][0]
             return res
         attn = _build_attention(spec, backend, groups)
+        res.qkv_format = getattr(attn, "qkv_format", "bshd")
         v = verify_cp(spec, attn, tp_rank=groups.tp_rank, cp_pos=groups.cp_rank,
-                      device=device, dtype=dtype)
+                      device=device, dtype=dtype,
+                      reference=_no_cp_reference(spec, backend, dtype))
         res.verification["numerics"] = v
+        res.te_backend = getattr(attn, "selected_backend", "")
         if not v["passed"]:
             res.status, res.failure_class = Status.INVALID, FailureClass.NUMERICS
             res.error = _numerics_error(v)
             return res
         timing = _measure(spec, attn, device, dtype, env.rank, t0)
+        res.te_backend = getattr(attn, "selected_backend", "")  # the timed shapes' kernel
         stats = bench.summarize(timing.step_times_s)
         res.step_times_s = timing.step_times_s
         res.median_s, res.p10_s, res.p90_s = stats["median_s"], stats["p10_s"], stats["p90_s"]
@@ -246,10 +335,8 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) ->
     finally:
         res.wall_s = time.monotonic() - t0
         try:
-            if groups_made:
-                from hcp_tune.job.groups import destroy_groups
-
-                destroy_groups()
+            if before is not None:
+                _teardown_groups(before, device, clean=res.status != Status.FAILED)
             if created and not keep_process_group:
                 from hcp_tune.job.dist import destroy_distributed
 

@@ -6,6 +6,14 @@ On CPU this runs on gloo: ``initialize_model_parallel`` only touches CUDA in its
 branches (``use_sharp``/``sharp_enabled_group``, left off here). We pass
 ``create_gloo_process_groups=False``: the trial needs no extra gloo copies of the
 data-parallel groups, and fewer groups start faster.
+
+Teardown: ``destroy_model_parallel`` only forgets Megatron-Core's groups (0.16.1 and
+0.19.2 alike set every ``_..._GROUP`` global and ``_global_process_group_list`` to None and
+destroy only the gloo copies); the NCCL or gloo groups themselves stay registered with
+torch.distributed, holding communicators, sockets and buffers. In both versions every
+group is made by ``parallel_state.create_group`` -> ``torch.distributed.new_group``, so
+the groups a trial made are exactly those torch's registry gained between before
+``init_groups`` and now; ``destroy_groups`` destroys each of them, newest first.
 """
 from __future__ import annotations
 
@@ -49,16 +57,28 @@ def _clear_stale_hcp_groups() -> bool:
     return stale
 
 
-def init_groups(*, tp: int, a2a: int, p2p: int, timeout_s: float, hierarchical: bool = True) -> None:
+def registered_groups() -> list[Any]:
+    """Every process group torch.distributed knows in this process, oldest first (the world
+    group too). ``_world.pg_map`` is private, but it is the registry itself, and
+    Megatron-Core 0.19's own ``destroy_model_parallel`` reads it the same way."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return list(c10d._world.pg_map)
+
+
+def init_groups(*, tp: int, a2a: int, p2p: int, timeout_s: float, hierarchical: bool = True
+                ) -> frozenset:
     """Build the groups; ``hierarchical=False`` plants the silent failure (sizes never given).
 
     The HCP sizes are passed for the p2p/a2a baselines too ([1, cp] or [cp, 1]): the level
     groups then mirror the flat CP group, and every layout's groups can be checked alike.
+    Returns the groups that existed before, for ``destroy_groups``.
     """
     from megatron.core import parallel_state as ps
 
     cp = a2a * p2p
     _clear_stale_hcp_groups()
+    before = frozenset(registered_groups())
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp,
         context_parallel_size=cp,
@@ -66,6 +86,7 @@ def init_groups(*, tp: int, a2a: int, p2p: int, timeout_s: float, hierarchical: 
         distributed_timeout_minutes=timeout_s / 60.0,  # a timedelta(minutes=...) inside
         create_gloo_process_groups=False,
     )
+    return before
 
 
 def read_groups() -> CPGroups:
@@ -86,11 +107,25 @@ def read_groups() -> CPGroups:
     )
 
 
-def destroy_groups() -> None:
+def destroy_groups(before: frozenset, *, destroy_communicators: bool = True) -> int:
+    """Forget Megatron-Core's groups and destroy every group made since ``before``.
+
+    Collective in spirit: every rank calls it after the same last collective. With
+    ``destroy_communicators=False`` (after a failed trial, when a peer may be gone and a
+    communicator's shutdown could wait on it) only Megatron-Core's globals are reset; the
+    process ends soon after. Returns how many groups were destroyed.
+    """
+    import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     ps.destroy_model_parallel()
     _clear_stale_hcp_groups()  # not reset by destroy_model_parallel (see above)
+    if not destroy_communicators:
+        return 0
+    made = [g for g in registered_groups() if g not in before]
+    for group in reversed(made):  # newest first, as torch shuts the world's groups down
+        dist.destroy_process_group(group)
+    return len(made)
 
 
 def _canon(groups) -> list[tuple[int, ...]]:
@@ -106,6 +141,8 @@ def compare_groups(
     """
     problems = []
     for kind, size in (("cp", a2a * p2p), ("a2a", a2a), ("p2p", p2p)):
+        if kind != "cp" and a2a * p2p == 1:
+            continue  # cp=1 runs no CP at all: Megatron-Core builds no HCP levels for it
         seen = actual[kind]
         if any(g is None for g in seen):
             missing = [r for r, g in enumerate(seen) if g is None]

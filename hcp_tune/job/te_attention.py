@@ -6,23 +6,52 @@ qkv_format=, attn_mask_type="causal", cp_group=, cp_global_ranks=, cp_stream=, c
 For ``a2a+p2p`` ``cp_group`` is the list ``[a2a_group, p2p_group]`` (level 0 first); for the
 ``p2p``/``a2a`` baselines it is the flat CP group. ``cp_global_ranks`` are always the flat
 CP group's global ranks. TE is imported here only, and only when this path is chosen.
+
+The timed layout defaults to ``sbhd``, the format Megatron-Core's TEDotProductAttention
+hands TE in training (``TrialSpec.qkv_format``); ``bshd`` is the other choice.
+
+Which kernel TE picked (FlashAttention, FusedAttention sub-backend N, ...) is only told in
+its debug log: with ``NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2`` (read when TE is imported) the
+logger ``"DotProductAttention"`` (TE 1.12 .. 2.20, ``get_attention_backend``) emits
+``Selected backend = <name>`` at DEBUG. ``BackendLog`` listens there.
 """
 from __future__ import annotations
 
+import logging
+import os
+import re
 from typing import Optional
 
-from hcp_tune.spec import TE_MIN_HCP as MIN_TE
+from hcp_tune.spec import TE_MIN_HCP
+
+MIN_TE = ".".join(map(str, TE_MIN_HCP))  # "1.12.0": the first TE with the a2a+p2p path
+MIN_CAPABILITY = (8, 0)  # TE has no CP-capable attention backend below sm80
+QKV_FORMATS = ("sbhd", "bshd")
+TE_LOGGER = "DotProductAttention"
+_SELECTED = re.compile(r"Selected backend = (.+?)\.?\s*$")
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    out = []
-    for part in text.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        out.append(int(digits) if digits else 0)
-    return tuple(out)
+def te_min_version_ok(text: str, minimum: str = MIN_TE) -> bool:
+    """``text`` (e.g. "2.17.1+4329ff8", "2.9.0.dev0") is at least ``minimum`` (PEP 440).
+
+    ``packaging`` is a dependency of Megatron-Core, so it is present wherever the job runs.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(text) >= Version(minimum)
+    except InvalidVersion:
+        return False
+
+
+def enable_te_debug_log() -> None:
+    """Ask TE to log its backend choice; it reads these once, when it is imported."""
+    os.environ["NVTE_DEBUG"] = "1"
+    os.environ["NVTE_DEBUG_LEVEL"] = "2"
 
 
 def te_version() -> Optional[str]:
+    enable_te_debug_log()  # before the first import of TE in this process
     try:
         import transformer_engine
     except Exception:  # ImportError, or a broken CUDA build raising at import
@@ -39,16 +68,66 @@ def te_unavailable_reason() -> Optional[str]:
     ver = te_version()
     if ver is None:
         return "transformer_engine is not installed (or fails to import)"
-    if _version_tuple(ver) < MIN_TE:
-        return f"transformer_engine {ver} is older than 1.12, the first with a2a+p2p"
+    if not te_min_version_ok(ver):
+        return f"transformer_engine {ver} is older than {MIN_TE}, the first with a2a+p2p"
     return None
 
 
+def cp_capability_problem(cuda_index: int) -> Optional[str]:
+    """Why GPU ``cuda_index`` cannot run TE's CP attention (below sm80), or None."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(cuda_index)
+    if (major, minor) < MIN_CAPABILITY:
+        return (f"GPU {cuda_index} is sm{major}{minor}: Transformer Engine has no "
+                f"context-parallel attention backend below sm80")
+    return None
+
+
+def parse_selected_backend(message: str) -> Optional[str]:
+    """The backend named in TE's ``Selected backend = ...`` log line, else None."""
+    m = _SELECTED.search(message)
+    return m.group(1).strip() if m else None
+
+
+class BackendLog(logging.Handler):
+    """Collects the backends TE reports selecting, in order (attach with ``attach()``).
+
+    Attached while TE selects, it also keeps TE from adding its own stderr handler (TE
+    adds one only to a logger without handlers).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.selected: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        name = parse_selected_backend(record.getMessage())
+        if name:
+            self.selected.append(name)
+
+    @property
+    def last(self) -> str:
+        return self.selected[-1] if self.selected else ""
+
+    def attach(self) -> "BackendLog":
+        logger = logging.getLogger(TE_LOGGER)
+        if self not in logger.handlers:
+            logger.addHandler(self)
+        return self
+
+    def detach(self) -> None:
+        logging.getLogger(TE_LOGGER).removeHandler(self)
+
+
 class TEAttention:
-    """Callable on bshd tensors [b, s_local, h, d] -> [b, s_local, h, d]."""
+    """Callable on q, k, v in ``qkv_format`` ([s, b, h, d] or [b, s, h, d]), same out."""
 
     def __init__(self, *, heads: int, kv_heads: int, head_dim: int, groups, comm_type: str,
-                 cp_off: bool = False):
+                 qkv_format: str = "sbhd", cp_off: bool = False):
+        if qkv_format not in QKV_FORMATS:
+            raise ValueError(f"qkv_format={qkv_format!r}: expected one of {QKV_FORMATS}")
+        enable_te_debug_log()
         import torch
         import transformer_engine.pytorch as te
 
@@ -69,17 +148,30 @@ class TEAttention:
                 cp_stream=torch.cuda.Stream(),
                 cp_comm_type=comm_type,
             )
-        self.heads, self.head_dim = heads, head_dim
+        self.heads, self.head_dim, self.qkv_format = heads, head_dim, qkv_format
+        self.log = BackendLog()
         self.layer = te.DotProductAttention(
             num_attention_heads=heads,
             kv_channels=head_dim,
             num_gqa_groups=kv_heads,
             attention_dropout=0.0,
-            qkv_format="bshd",
+            qkv_format=qkv_format,
             attn_mask_type="causal",
             **kwargs,
         )
 
+    @property
+    def selected_backend(self) -> str:
+        """The kernel TE chose for the latest shapes ("" when its log said nothing)."""
+        return self.log.last
+
     def __call__(self, q, k, v):
-        out = self.layer(q, k, v)  # bshd in, [b, s, h*d] out
+        # listen only during this layer's own forward, where TE selects its kernel: another
+        # layer's choice (the no-CP reference's) must not be taken for this one's, and
+        # handlers must not pile up over trials (a few microseconds per step)
+        self.log.attach()
+        try:
+            out = self.layer(q, k, v)  # [s, b, h*d] (sbhd) or [b, s, h*d] (bshd)
+        finally:
+            self.log.detach()
         return out.view(q.shape[0], q.shape[1], self.heads, self.head_dim)

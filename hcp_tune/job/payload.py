@@ -1,0 +1,19 @@
+"""What a SLURM job unpickles and runs: the function the orchestrator hands submitit.
+
+submitit pickles the payload function by reference, so the job process imports the
+module that defines it before anything runs. Defined here, that is the job side only
+(standard library, torch, Megatron-Core, TE, submitit); defined in the orchestrator's
+modules it would drag hydra, optuna and pandas into the training container, where they
+are usually absent. The local executor's payload lives beside the local launcher
+(``hcp_tune.launch.local_payload``), which is standard-library only as well.
+"""
+from __future__ import annotations
+
+from hcp_tune.spec import TrialResult, TrialSpec
+
+
+def slurm_payload(spec: TrialSpec) -> TrialResult:
+    """SLURM executor: every task of the job is one rank of the trial."""
+    from hcp_tune.job.entry import run_trial
+
+    return run_trial(spec)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Check the GPU path: cp=4 trials of [4,1], [2,2], [1,4] with Transformer Engine on a node
+# with >= 4 GPUs; one verdict line per layout, non-zero exit on any failure.
+#   scripts/gpu_check.sh            # TE on the GPUs (profile dgx-h100: --cluster NAME)
+#   scripts/gpu_check.sh --cpu      # the same trials with the torch reference on gloo
+# Works from any folder. Python: $PYTHON if set, else the repo's .venv, else python3.
+# The logic is hcp_tune/gpucheck.py (tested by tests/test_gpu_check.py).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -n "${PYTHON:-}" ]]; then
+    py="$PYTHON"
+elif [[ -x "$repo/.venv/bin/python" ]]; then
+    py="$repo/.venv/bin/python"
+else
+    py=python3
+fi
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+exec "$py" -m hcp_tune.gpucheck "$@"
