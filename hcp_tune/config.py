@@ -159,6 +159,27 @@ def _plain(node: Any) -> Any:
     return node
 
 
+def absolute_path(value: Any) -> Path:
+    """``value`` as an absolute path, against the current directory *now* (``~`` expanded).
+
+    Paths are resolved once, when the config is loaded: trials run in their own folders
+    (local ranks) or on other nodes (SLURM), where a relative path means something else.
+    """
+    return Path(os.path.abspath(os.path.expanduser(str(value))))
+
+
+def _resolve_paths(search: dict, executor: dict) -> tuple[dict, dict]:
+    """``search.storage`` (when a file path, not an RDB URL) and ``executor.folder``,
+    made absolute like ``results_dir``."""
+    storage = search.get("storage")
+    if isinstance(storage, str) and storage and "://" not in storage:
+        search = {**search, "storage": str(absolute_path(storage))}
+    folder = executor.get("folder")
+    if isinstance(folder, str) and folder.strip():
+        executor = {**executor, "folder": str(absolute_path(folder))}
+    return search, executor
+
+
 def load(overrides: list[str]) -> SweepConfig:
     """Compose and validate; every problem found is reported (one line each)."""
     cfg = compose(overrides)
@@ -184,11 +205,12 @@ def load(overrides: list[str]) -> SweepConfig:
     check("drop_cross_node_a2a", _bool, cfg.drop_cross_node_a2a, "drop_cross_node_a2a")
     if problems:
         raise ConfigError("\n".join(problems))
+    search, executor = _resolve_paths(_plain(cfg.search), _plain(cfg.executor))
     return SweepConfig(
         **values,
-        results_dir=Path(str(cfg.results_dir)),
+        results_dir=absolute_path(cfg.results_dir),
         env_tag=str(cfg.env_tag),
         runner=_plain(cfg.runner),
-        executor=_plain(cfg.executor),
-        search=_plain(cfg.search),
+        executor=executor,
+        search=search,
     )

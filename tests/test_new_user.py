@@ -1,0 +1,52 @@
+"""Commands as a new user types them: from a fresh folder (not the repo), with the defaults
+(``results_dir=results``, relative; ``runner=auto``), on the local CPU profile.
+
+Issue 8, section 4: a relative results folder (1), a sweep that measured nothing (2),
+retrying stored failures (3), ``trial`` with the default runner (4).
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+FAST = ["runner.warmup_steps=1", "runner.measure_steps=2"]
+SWEEP = ["sweep", "cluster=local", "model=tiny", "cp=2", "seq=256", "runner=attention",
+         "executor=local", *FAST]
+
+
+def hcp(cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hcp_tune", *args], capture_output=True,
+                          text=True, cwd=cwd, env=ENV, timeout=timeout)
+
+
+def rows(results: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((results / "rows").glob("*/*.json"))]
+
+
+def csv_table(path: Path) -> tuple[list[str], list[dict]]:
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_local_sweep_with_the_default_relative_results_dir(tmp_path):
+    """Issue 8 §4.1: every trial failed (the ranks run in the trial's folder, where
+    ``results/progress/...`` does not exist)."""
+    user = tmp_path / "fresh"
+    user.mkdir()
+    r = hcp(user, *SWEEP)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(user / "results")
+    assert sorted((x["a2a"], x["status"]) for x in got) == [(1, "ok"), (2, "ok")], \
+        [x["error"] for x in got]
+    header, table = csv_table(user / "results" / "trials.csv")
+    assert len(table) == 2 and {t["status"] for t in table} == {"ok"}
+
+    # recommend, from the same folder, answers from what the sweep stored there
+    r = hcp(user, "recommend", "cluster=local", "model=tiny", "cp=2", "seq=256")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "model.context_parallel_size=2" in r.stdout
