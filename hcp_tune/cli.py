@@ -154,7 +154,9 @@ def cmd_sweep(args: list[str]) -> int:
 
 def cmd_trial(args: list[str]) -> int:
     """Run one layout once on this machine (local processes) and print its result."""
-    from hcp_tune import config, plan
+    import dataclasses
+
+    from hcp_tune import config, plan, predict
     from hcp_tune.schema import as_int
 
     a2a_args = [a for a in args if a.startswith("a2a=")]
@@ -164,6 +166,8 @@ def cmd_trial(args: list[str]) -> int:
     cfg = config.load([a for a in args if not a.startswith("a2a=")])
     if len(cfg.seqs) != 1 or len(cfg.tps) != 1:
         raise ConfigError("trial runs one layout: give one seq and one tp value")
+    runner, _ = predict.resolve_runner(str(cfg.runner.get("name", "auto")), command="trial")
+    cfg = dataclasses.replace(cfg, runner={**cfg.runner, "name": runner})
     cands = {c.layout.a2a: c for c in plan.candidates(cfg)}
     if a2a not in cands:
         raise ConfigError(f"a2a={a2a}: must divide cp={cfg.cp}; choices: {sorted(cands)}")

@@ -50,3 +50,23 @@ def test_local_sweep_with_the_default_relative_results_dir(tmp_path):
     r = hcp(user, "recommend", "cluster=local", "model=tiny", "cp=2", "seq=256")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "model.context_parallel_size=2" in r.stdout
+
+
+def test_readme_trial_with_the_default_runner_from_a_fresh_folder(tmp_path):
+    """Issue 8 §4.4: the README's ``trial`` (runner=auto by default) failed with "runner
+    'auto' is not implemented in this job yet". ``trial`` always measures: auto is attention."""
+    r = hcp(tmp_path, "trial", "cp=2", "seq=256", "model=tiny", "cluster=local", "a2a=2", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout)
+    assert result["status"] == "ok", result.get("error")
+    assert Path(result["log_path"]).is_relative_to(tmp_path / "results")
+
+
+def test_trial_refuses_runner_model_in_one_line(tmp_path):
+    r = hcp(tmp_path, "trial", "cp=2", "seq=256", "model=tiny", "cluster=local", "a2a=2",
+            "runner=model")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "hcp-tune: error: runner=model: trial measures one layout and runner=model only "
+        "predicts; use runner=attention (or auto), or `python -m hcp_tune predict ...` to predict"]
+    assert not (tmp_path / "results").exists()
