@@ -151,7 +151,8 @@ class ResultStore:
         import pandas as pd
 
         try:
-            frame = pd.read_csv(path)
+            frame = pd.read_csv(path, dtype={k: str for k in ("cluster", "model", "runner",
+                                                               "env_tag")})
         except pd.errors.EmptyDataError:  # written by an older version with nothing ranked
             return []
         return json.loads(frame.to_json(orient="records"))

@@ -70,3 +70,48 @@ def test_trial_refuses_runner_model_in_one_line(tmp_path):
         "hcp-tune: error: runner=model: trial measures one layout and runner=model only "
         "predicts; use runner=attention (or auto), or `python -m hcp_tune predict ...` to predict"]
     assert not (tmp_path / "results").exists()
+
+
+def test_a_sweep_that_measured_nothing_exits_1_and_stored_failures_can_be_retried(tmp_path):
+    """Issue 8 §4.2 and §4.3: the sweep exited 0 with a header-less recommendations.csv, and
+    running it again after the fix did nothing ("resumed: 2 already stored")."""
+    r = hcp(tmp_path, *SWEEP, "runner.inject_fault=raise")  # every trial raises
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert ("sweep: nothing measured: 2 trial(s) failed or were invalid (unknown: 2); "
+            f"errors in {tmp_path / 'results' / 'trials.csv'}") in r.stderr
+    header, table = csv_table(tmp_path / "results" / "trials.csv")
+    assert [t["failure_class"] for t in table] == ["unknown", "unknown"]
+    header, table = csv_table(tmp_path / "results" / "recommendations.csv")
+    assert header[:7] == ["cluster", "model", "tp", "cp", "seq", "runner", "env_tag"]
+    assert table == []
+
+    # the same command again: nothing to run, and the message names the option
+    r = hcp(tmp_path, *SWEEP, "runner.inject_fault=raise")
+    assert r.returncode == 1
+    assert "0 trial(s) to run; resumed: 2 already stored" in r.stdout
+    assert "search.retry=failed" in r.stdout and "search.retry=failed" in r.stderr
+
+    # the cause fixed; a class that did not occur retries nothing
+    r = hcp(tmp_path, *SWEEP, "search.retry=[oom,comm]")
+    assert r.returncode == 1 and "0 trial(s) to run" in r.stdout
+
+    # a bad value: one line naming the allowed values, exit 2, nothing run
+    r = hcp(tmp_path, *SWEEP, "search.retry=bogus")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "hcp-tune: error: search.retry=bogus: expected one of none, failed, oom, comm, "
+        "numerics, environment, time_limit, unknown, invalid, or a list of them such as "
+        "search.retry=[oom,comm]"]
+
+    r = hcp(tmp_path, *SWEEP, "search.retry=failed")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "measuring 2 stored failure(s) again (search.retry=failed)" in r.stdout
+    got = rows(tmp_path / "results")
+    assert sorted((x["a2a"], x["status"]) for x in got) == [
+        (1, "failed"), (1, "ok"), (2, "failed"), (2, "ok")]  # the failures stay on record
+    header, table = csv_table(tmp_path / "results" / "recommendations.csv")
+    assert len(table) == 1
+
+    # measured now: retrying failures again re-measures nothing
+    r = hcp(tmp_path, *SWEEP, "search.retry=failed")
+    assert r.returncode == 0 and "0 trial(s) to run" in r.stdout
