@@ -186,8 +186,8 @@ def _unmeasured_lines(summary, ranked: set, trials_csv) -> list[str]:
         what = by_class_text(total) if total else "no trial ended ok"
         lines.append(f"sweep: nothing measured: {what}; errors in {trials_csv}")
     if total_kept:
-        lines.append(f"sweep: {total_kept} of these were stored by an earlier run and kept: "
-                     "after fixing the cause, search.retry=failed (or a class, e.g. "
+        lines.append(f"sweep: {total_kept} failed or invalid trial(s) stored by an earlier "
+                     "run are kept: after fixing the cause, search.retry=failed (or a class, e.g. "
                      f"search.retry={min(summary.kept_failures_total())}) measures them again")
     return lines
 

@@ -138,7 +138,8 @@ class SweepReporter:
 
 
 def by_class_text(counts: dict[str, int]) -> str:
-    """``{'oom': 2, 'invalid': 1}`` -> ``'3 trial(s) failed or were invalid (invalid: 1, oom: 2)'``."""
+    """``{'oom': 2, 'invalid': 1}`` -> ``'3 trial(s) failed or were invalid (invalid: 1,
+    oom: 2)'``."""
     classes = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
     return f"{sum(counts.values())} trial(s) failed or were invalid ({classes})"
 

@@ -115,3 +115,21 @@ def test_a_sweep_that_measured_nothing_exits_1_and_stored_failures_can_be_retrie
     # measured now: retrying failures again re-measures nothing
     r = hcp(tmp_path, *SWEEP, "search.retry=failed")
     assert r.returncode == 0 and "0 trial(s) to run" in r.stdout
+
+
+def test_keys_left_without_a_measurement_are_named_when_others_were_measured():
+    from hcp_tune.cli import _unmeasured_lines
+    from hcp_tune.store import SweepKey
+    from hcp_tune.sweep import SweepSummary
+
+    k1, k2 = (SweepKey("local", "tiny", 1, 2, seq, "attention", "default") for seq in (256, 512))
+    summary = SweepSummary(keys=[k1, k2], failures={k2: {"oom": 1}},
+                           kept_failures={k2: {"oom": 1}})
+    assert _unmeasured_lines(summary, {(1, 256)}, "t.csv") == [
+        "sweep: nothing measured for tp=1 seq=512: 2 trial(s) failed or were invalid (oom: 2)",
+        "sweep: 1 failed or invalid trial(s) stored by an earlier run are kept: after fixing "
+        "the cause, search.retry=failed (or a class, e.g. search.retry=oom) measures them again"]
+    assert _unmeasured_lines(summary, {(1, 256), (1, 512)}, "t.csv") == []
+    assert _unmeasured_lines(SweepSummary(), set(), "t.csv") == [
+        "sweep: nothing measured: no layout of this sweep is kept (see `python -m hcp_tune "
+        "plan` with the same overrides for the reasons)"]

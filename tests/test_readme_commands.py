@@ -85,8 +85,9 @@ def _hcp_command(tokens: list[str]) -> Optional[tuple[str, ...]]:
     for i, token in enumerate(tokens):
         if re.fullmatch(r"(\S*/)?hcp-tune", token):
             return ("hcp_tune", *tokens[i + 1:])
+        module = tokens[i + 2] if i + 2 < len(tokens) else ""
         if (re.fullmatch(r"(\S*/)?python3?", token) and tokens[i + 1:i + 2] == ["-m"]
-                and re.fullmatch(r"hcp_tune(\.\w+)*", tokens[i + 2] if i + 2 < len(tokens) else "")):
+                and re.fullmatch(r"hcp_tune(\.\w+)*", module)):
             return tuple(tokens[i + 2:])
     return None
 
