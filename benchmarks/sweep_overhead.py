@@ -49,7 +49,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config.load([
             "cp=2", f"seq=[{','.join(map(str, seqs))}]", "model=tiny", "cluster=local",
-            "executor=slurm",
+            "executor=slurm", "runner=attention",  # the Sweeper measures: no runner=auto
             "runner.warmup_steps=1", "runner.measure_steps=3", "search.early_stop=false",
             f"results_dir={tmp}",
         ])
@@ -61,6 +61,9 @@ def main() -> None:
     statuses = sorted({r["status"] for r in rows})
     print(f"trial statuses: {statuses}; trial wall_s is rank 0's run_trial (after the "
           "imports), so the ratio also counts process start-up and imports in the job")
+    if statuses != ["ok"]:  # failed trials are fast: their times would flatter the sweep
+        errors = sorted({r["error"] for r in rows if r["status"] != "ok"})
+        sys.exit(f"not every trial is ok, no overhead figure: {errors}")
     slots = 1  # the local profile is a CPU profile: the sweep runs one trial at a time
     ideal = packed_makespan(durations, slots)
     print(f"| trials | slots | sweep wall s | sum of trial wall s | ideal packed s | overhead |")

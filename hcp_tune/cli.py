@@ -146,15 +146,57 @@ def cmd_sweep(args: list[str]) -> int:
     keys = {(tp, seq) for tp in cfg.tps for seq in cfg.seqs}
     recs = [r for r in summary.recommendations
             if (r["tp"], r["seq"]) in keys and r["cp"] == cfg.cp
-            and r["cluster"] == cfg.cluster.name and r["model"] == cfg.model.name]
+            and r["cluster"] == cfg.cluster.name and r["model"] == cfg.model.name
+            and r["runner"] == runner and r["env_tag"] == cfg.env_tag]
     if recs:
         ui.print_recommendations(recs, f"ranked: {cfg.results_dir}/recommendations.csv")
-    return EXIT_FINDINGS if summary.aborted else EXIT_OK
+    unmeasured = _unmeasured_lines(summary, {(r["tp"], r["seq"]) for r in recs},
+                                   cfg.results_dir / "trials.csv")
+    for line in unmeasured:
+        print(line, file=sys.stderr)
+    return EXIT_FINDINGS if summary.aborted or not recs else EXIT_OK
+
+
+def _unmeasured_lines(summary, ranked: set, trials_csv) -> list[str]:
+    """What to tell the user about sweep keys left with no ranked layout: per key when
+    some were measured, one verdict when none was, with the failures counted by class."""
+    from hcp_tune.ui import by_class_text
+
+    def merged(key) -> tuple[dict[str, int], int]:
+        counts = dict(summary.failures.get(key, {}))
+        kept = summary.kept_failures.get(key, {})
+        for label, n in kept.items():
+            counts[label] = counts.get(label, 0) + n
+        return counts, sum(kept.values())
+
+    missing = [k for k in summary.keys if (k.tp, k.seq) not in ranked]
+    if not summary.keys:
+        return ["sweep: nothing measured: no layout of this sweep is kept (see `python -m "
+                "hcp_tune plan` with the same overrides for the reasons)"]
+    lines, total, total_kept = [], {}, 0
+    for key in missing:
+        counts, kept = merged(key)
+        total_kept += kept
+        for label, n in counts.items():
+            total[label] = total.get(label, 0) + n
+        if ranked:
+            lines.append(f"sweep: nothing measured for tp={key.tp} seq={key.seq}: "
+                         f"{by_class_text(counts) if counts else 'no trial ended ok'}")
+    if not ranked:
+        what = by_class_text(total) if total else "no trial ended ok"
+        lines.append(f"sweep: nothing measured: {what}; errors in {trials_csv}")
+    if total_kept:
+        lines.append(f"sweep: {total_kept} failed or invalid trial(s) stored by an earlier "
+                     "run are kept: after fixing the cause, search.retry=failed (or a class, e.g. "
+                     f"search.retry={min(summary.kept_failures_total())}) measures them again")
+    return lines
 
 
 def cmd_trial(args: list[str]) -> int:
     """Run one layout once on this machine (local processes) and print its result."""
-    from hcp_tune import config, plan
+    import dataclasses
+
+    from hcp_tune import config, plan, predict
     from hcp_tune.schema import as_int
 
     a2a_args = [a for a in args if a.startswith("a2a=")]
@@ -164,6 +206,8 @@ def cmd_trial(args: list[str]) -> int:
     cfg = config.load([a for a in args if not a.startswith("a2a=")])
     if len(cfg.seqs) != 1 or len(cfg.tps) != 1:
         raise ConfigError("trial runs one layout: give one seq and one tp value")
+    runner, _ = predict.resolve_runner(cfg.runner.name, command="trial")
+    cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, name=runner))
     cands = {c.layout.a2a: c for c in plan.candidates(cfg)}
     if a2a not in cands:
         raise ConfigError(f"a2a={a2a}: must divide cp={cfg.cp}; choices: {sorted(cands)}")

@@ -149,6 +149,15 @@ def _group(node: Any) -> Any:
     return node
 
 
+def absolute_path(value: Any) -> Path:
+    """``value`` as an absolute path, against the current directory *now* (``~`` expanded).
+
+    Paths are resolved once, when the config is loaded: trials run in their own folders
+    (local ranks) or on other nodes (SLURM), where a relative path means something else.
+    """
+    return Path(os.path.abspath(os.path.expanduser(str(value))))
+
+
 def load(overrides: list[str]) -> SweepConfig:
     """Compose, then build every group's typed dataclass; all problems reported together."""
     cfg = compose(overrides)
@@ -172,8 +181,14 @@ def load(overrides: list[str]) -> SweepConfig:
     if problems:
         raise ConfigError("\n".join(problems))
     t: TopLevel = values.pop("top")
+    search, executor = values.pop("search"), values.pop("executor")
+    if search.storage and "://" not in search.storage:  # a journal file, not an RDB URL
+        search = dataclasses.replace(search, storage=str(absolute_path(search.storage)))
+    if executor.folder:
+        executor = dataclasses.replace(executor, folder=str(absolute_path(executor.folder)))
     return SweepConfig(
         **values, cp=t.cp, seqs=t.seq, tps=t.tp, dp=t.dp, mbs=t.mbs, dtype=t.dtype,
         drop_cross_node_a2a=t.drop_cross_node_a2a, format=t.format,
-        results_dir=Path(t.results_dir), env_tag=t.env_tag,
+        results_dir=absolute_path(t.results_dir), env_tag=t.env_tag,
+        search=search, executor=executor,
     )

@@ -6,7 +6,8 @@
   promising layouts first so early stopping bites sooner).
 - ``skip_slower_than(ordered, factor)``: which to skip because they are predicted slower
   than the best of their key by more than ``factor`` (``search.skip_predicted_slower_than``).
-- ``resolve_runner(name)``: ``runner=auto`` -> model (no GPU, no SLURM) or attention.
+- ``resolve_runner(name, command=)``: ``runner=auto`` -> model (no GPU, no SLURM) or
+  attention for ``sweep``; always attention for ``trial``, which measures.
 
 Calibrated parameters for ``cfg.cluster``/``cfg.env_tag`` are used when stored; otherwise
 the defaults, and the label says which. No torch.
@@ -18,6 +19,7 @@ from typing import Any
 
 from hcp_tune.calibrate import load_params
 from hcp_tune.config import SweepConfig
+from hcp_tune.errors import ConfigError
 from hcp_tune.costmodel import CostParams, Prediction, label_for, predict
 from hcp_tune.layout import Candidate
 from hcp_tune.plan import candidates as plan_candidates
@@ -112,12 +114,20 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
     }
 
 
-def resolve_runner(name: str) -> tuple[str, str]:
+def resolve_runner(name: str, *, command: str = "sweep") -> tuple[str, str]:
     """The runner to use for ``runner=name`` and a one-line reason ('' when as asked).
 
-    ``name`` was checked at load (settings.RunnerConfig). ``auto`` picks ``model`` when this machine has no GPU (no ``nvidia-smi`` on PATH) and
-    no SLURM (no ``sbatch``), else ``attention``. Never imports torch.
+    ``name`` was checked at load (settings.RunnerConfig). For ``sweep``, ``auto`` picks
+    ``model`` when this machine has no GPU (no ``nvidia-smi`` on PATH) and no SLURM (no
+    ``sbatch``), else ``attention``. ``trial`` always measures: ``auto`` is ``attention``
+    there and ``model`` is an error. Never imports torch.
     """
+    if command == "trial":
+        if name == "model":
+            raise ConfigError(
+                "runner=model: trial measures one layout and runner=model only predicts; "
+                "use runner=attention (or auto), or `python -m hcp_tune predict ...` to predict")
+        return ("attention" if name == "auto" else name), ""
     if name == "model":
         return "model", ("runner=model: predicting with the cost model, nothing is measured; "
                          "use runner=attention to measure")

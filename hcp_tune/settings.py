@@ -15,6 +15,7 @@ from typing import Any, Literal, Optional, Union
 
 from hcp_tune.errors import ConfigError
 from hcp_tune.schema import from_mapping, valid_keys
+from hcp_tune.spec import FailureClass
 
 # Sizes every command accepts (issue 8, 4.6): beyond them nothing real exists, and the
 # enumeration and rank groups stay instant. The world (tp*cp*dp) is bounded as well.
@@ -29,8 +30,8 @@ Runner = Literal["auto", "attention", "model", "bridge"]
 RUNNERS: tuple[str, ...] = typing.get_args(Runner)
 ExecutorName = Literal["slurm", "local", "auto"]
 EXECUTOR_NAMES: tuple[str, ...] = typing.get_args(ExecutorName)
-RETRY_CHOICES = ("none", "failed", "oom", "comm", "numerics", "environment", "time_limit",
-                 "unknown")
+# search.retry: none, every failure, or one label: a failure class or "invalid"
+RETRY_CHOICES = ("none", "failed", *(c.value for c in FailureClass), "invalid")
 
 
 def _f(doc: str, **meta: Any) -> Any:

@@ -24,6 +24,21 @@ from typing import Any, Iterator, Optional
 from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
 
 KEY_FIELDS = ("cluster", "model", "tp", "cp", "seq", "runner", "env_tag")
+# The columns of trials.csv (what ``trial_row`` returns, in order; a row's extra fields,
+# such as a skipped layout's ``predicted_step_s``, follow) and of recommendations.csv.
+# Both files always have their header, even when nothing was stored or ranked.
+TRIAL_COLUMNS = (
+    *KEY_FIELDS, "trial_id", "a2a", "p2p", "comm_type", "status", "failure_class", "error",
+    "median_s", "p10_s", "p90_s", "steps", "step_times_s", "peak_mem_bytes",
+    "tflops_per_gpu", "wall_s", "mem_note", "backend", "te_backend", "qkv_format", "notes",
+    "verified", "fingerprint", "job_id",
+    "log_path",
+)
+RECOMMENDATION_COLUMNS = (
+    *KEY_FIELDS, "a2a", "p2p", "comm_type", "median_s", "peak_mem_bytes", "runner_up",
+    "runner_up_median_s", "margin", "tie", "speedup_vs_p2p", "speedup_vs_a2a", "trials",
+    "ok_trials",
+)
 
 
 @dataclass(frozen=True)
@@ -123,8 +138,11 @@ class ResultStore:
         import pandas as pd
 
         with self._lock():
-            trials = pd.DataFrame(self.rows())
-            recs = pd.DataFrame(recommendations(trials.to_dict("records")))
+            rows = self.rows()
+            extra = [k for r in rows for k in r if k not in TRIAL_COLUMNS]
+            trials = pd.DataFrame(rows, columns=[*TRIAL_COLUMNS, *dict.fromkeys(extra)])
+            recs = pd.DataFrame(recommendations(trials.to_dict("records")),
+                                columns=list(RECOMMENDATION_COLUMNS))
             t_path, r_path = self.root / "trials.csv", self.root / "recommendations.csv"
             atomic_write_text(str(t_path), trials.to_csv(index=False))
             atomic_write_text(str(r_path), recs.to_csv(index=False))
@@ -137,8 +155,9 @@ class ResultStore:
         import pandas as pd
 
         try:
-            frame = pd.read_csv(path)
-        except pd.errors.EmptyDataError:  # rebuilt while nothing was ranked yet
+            frame = pd.read_csv(path, dtype={k: str for k in ("cluster", "model", "runner",
+                                                               "env_tag")})
+        except pd.errors.EmptyDataError:  # written by an older version with nothing ranked
             return []
         return json.loads(frame.to_json(orient="records"))
 

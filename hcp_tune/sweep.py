@@ -26,12 +26,44 @@ from hcp_tune.job.payload import slurm_payload
 from hcp_tune.launch import local_payload
 from hcp_tune.layout import Candidate
 from hcp_tune.plan import candidates
+from hcp_tune.settings import RETRY_CHOICES
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec, classify_error_text
 from hcp_tune.store import ResultStore, SweepKey, trial_row
 
 POLL_INTERVAL_S = 1.0  # how often the orchestrator polls jobs and progress files
 MIN_STEPS_TO_PRUNE = 3  # measured steps a running trial needs before it can be judged
 PRUNE_FLOOR = 0.05  # a trial is never stopped for being less than 5% slower than the best
+
+
+FAILURE_LABELS = RETRY_CHOICES[2:]  # every failure class, and "invalid"
+
+
+def failure_label(row: dict[str, Any]) -> Optional[str]:
+    """A stored trial that measured nothing usable: its failure class, or ``invalid``."""
+    if row.get("status") == Status.FAILED.value:
+        return row.get("failure_class") or FailureClass.UNKNOWN.value
+    if row.get("status") == Status.INVALID.value:
+        return "invalid"
+    return None
+
+
+def retry_labels(value: Any) -> frozenset[str]:
+    """``search.retry``: which stored failures a sweep measures again.
+
+    ``none`` (default): keep every stored outcome (cancelled trials and ``environment``
+    failures are measured again regardless); ``failed``: every failed or invalid trial;
+    a failure class (``oom``, ``comm``, ...) or ``invalid``, or a list of them. ``value``
+    was checked at load (``settings.SearchConfig``).
+    """
+    items = ["none"] if value is None else value if isinstance(value, (list, tuple)) else [value]
+    if "failed" in items:
+        return frozenset(FAILURE_LABELS)
+    return frozenset(i for i in items if i != "none")
+
+
+def _count(counts: dict, key: Any, label: str) -> None:
+    per_key = counts.setdefault(key, {})
+    per_key[label] = per_key.get(label, 0) + 1
 
 
 def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Path) -> TrialSpec:
@@ -129,6 +161,20 @@ class SweepSummary:
     aborted: str = ""  # why the sweep stopped submitting early, if it did
     pruned_saved_steps: int = 0
     recommendations: list[dict[str, Any]] = field(default_factory=list)
+    keys: list[SweepKey] = field(default_factory=list)  # every key with a kept layout
+    # per key, by failure class (or "invalid"): what this run measured without a usable
+    # result, and the stored failures kept from earlier runs that search.retry would redo
+    failures: dict[SweepKey, dict[str, int]] = field(default_factory=dict)
+    kept_failures: dict[SweepKey, dict[str, int]] = field(default_factory=dict)
+    retried: int = 0  # stored failures measured again because of search.retry
+    retry: str = "none"  # search.retry as given
+
+    def kept_failures_total(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for counts in self.kept_failures.values():
+            for label, n in counts.items():
+                total[label] = total.get(label, 0) + n
+        return total
 
 
 class Sweeper:
@@ -138,6 +184,12 @@ class Sweeper:
                  skips: Optional[list[dict[str, Any]]] = None) -> None:
         from hcp_tune import tuner
 
+        runner = cfg.runner.name
+        if runner not in ("attention", "bridge"):
+            raise ValueError(f"Sweeper measures: runner={runner!r} must be resolved first "
+                             "(predict.resolve_runner)")
+        retry = cfg.search.retry
+        self.retry = retry_labels(retry)
         self.cfg = cfg
         self.reporter = reporter
         self.store = ResultStore(cfg.results_dir)
@@ -158,7 +210,7 @@ class Sweeper:
         self.skips = {(s["tp"], s["seq"], s["a2a"]): s for s in (skips or [])}
         self.queue: list[Work] = []
         self.running: list[Running] = []
-        self.summary = SweepSummary()
+        self.summary = SweepSummary(retry=str(retry))
         self.best: dict[str, dict[str, Any]] = {}  # key name -> best ok row
 
     # ---------------------------------------------------------------- planning / resume
@@ -176,20 +228,14 @@ class Sweeper:
         for cand in candidates(self.cfg):
             if cand.kept:
                 groups.setdefault(self.key_for(cand), []).append(cand)
+        self.summary.keys = list(groups)
         for key, kept in groups.items():
             study = tuner.LayoutStudy(self.storage, key.name, [c.layout.a2a for c in kept])
             study.abandon_unsubmitted()
             key_rows = [r for r in rows if r.get("trial_id", "").startswith(key.slug)]
             for r in key_rows:
                 self._note_best(key, r)
-            done = {}
-            for r in key_rows:
-                # cancelled trials and environment failures (fixed by the user, then resumed)
-                # are measured again; every other stored outcome stands
-                retry = r["status"] == Status.CANCELLED.value or (
-                    r.get("failure_class") == FailureClass.ENVIRONMENT.value)
-                if not retry:
-                    done[r["a2a"]] = done.get(r["a2a"], 0) + 1
+            done = self._resume(key, key_rows)
             self.summary.resumed += sum(done.values())
             stored_ids = {r["trial_id"] for r in key_rows}
             for o in study.outstanding(stored_ids):
@@ -211,6 +257,32 @@ class Sweeper:
                         done[cand.layout.a2a] -= 1
                         continue
                     self.queue.append(Work(key, study, cand, kept))
+
+    def _resume(self, key: SweepKey, key_rows: list[dict[str, Any]]) -> dict[int, int]:
+        """Stored trials that stand, per a2a size. Cancelled trials and environment
+        failures (fixed by the user, then resumed) are measured again, and so are the
+        failures ``search.retry`` names; every other stored outcome stands. Kept failures
+        of layouts with nothing better stored are counted, so the user hears of the option."""
+        done: dict[int, int] = {}
+        kept: dict[int, list[str]] = {}
+        retried: dict[int, int] = {}
+        for r in key_rows:  # trial ids sort in submission order
+            label = failure_label(r)
+            if r["status"] == Status.CANCELLED.value or label == FailureClass.ENVIRONMENT.value:
+                continue
+            if label in self.retry:
+                retried[r["a2a"]] = retried.get(r["a2a"], 0) + 1
+                continue
+            done[r["a2a"]] = done.get(r["a2a"], 0) + 1
+            if label:
+                kept.setdefault(r["a2a"], []).append(label)
+        for a2a, labels in kept.items():
+            usable = done[a2a] - len(labels)
+            for label in labels[len(labels) - max(0, min(len(labels), self.repeats - usable)):]:
+                _count(self.summary.kept_failures, key, label)
+        self.summary.retried += sum(min(n, max(0, self.repeats - done.get(a2a, 0)))
+                                    for a2a, n in retried.items())
+        return done
 
     def _store_skipped(self, key: SweepKey, cand: Candidate, skip: dict[str, Any]) -> None:
         trial_id = f"{key.slug}-skip-a{cand.layout.a2a}"
@@ -294,6 +366,9 @@ class Sweeper:
             self.queue.clear()
         s = result.status.value
         self.summary.by_status[s] = self.summary.by_status.get(s, 0) + 1
+        label = failure_label(row)
+        if label:
+            _count(self.summary.failures, run.key, label)
         detail = f"median {result.median_s:.4g} s" if result.median_s else (result.error or "")
         if result.failure_class:
             detail = f"{result.failure_class.value}: {detail}"

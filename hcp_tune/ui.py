@@ -91,7 +91,14 @@ class SweepReporter:
         if summary.resumed or summary.reattached:
             head += (f"; resumed: {summary.resumed} already stored, "
                      f"{summary.reattached} re-attached by job id")
-        console().print(head)
+        if summary.retried:
+            head += (f"; measuring {summary.retried} stored failure(s) again "
+                     f"(search.retry={summary.retry})")
+        kept = summary.kept_failures_total()
+        if kept:
+            head += (f"; of those, {by_class_text(kept)} and are kept: search.retry=failed "
+                     f"(or a class, e.g. search.retry={min(kept)}) measures them again")
+        console().print(escape(head))
         if self.live_mode and total:
             from rich.live import Live
 
@@ -128,6 +135,13 @@ class SweepReporter:
         if self._live is not None:
             self._live.stop()
             self._live = None
+
+
+def by_class_text(counts: dict[str, int]) -> str:
+    """``{'oom': 2, 'invalid': 1}`` -> ``'3 trial(s) failed or were invalid (invalid: 1,
+    oom: 2)'``."""
+    classes = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    return f"{sum(counts.values())} trial(s) failed or were invalid ({classes})"
 
 
 def _fmt(v: Any, spec: str = ".4g") -> str:

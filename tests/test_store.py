@@ -5,7 +5,9 @@ import pandas as pd
 import pytest
 
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
-from hcp_tune.store import ResultStore, SweepKey, recommendations, trial_row
+from hcp_tune.store import (
+    RECOMMENDATION_COLUMNS, TRIAL_COLUMNS, ResultStore, SweepKey, recommendations, trial_row,
+)
 
 PROOF = {"groups": {"match": True}, "numerics": {"passed": True}}
 KEY = SweepKey("local", "tiny", 1, 4, 2048, "attention", "default")
@@ -65,6 +67,26 @@ def test_rows_are_files_and_tables_are_rebuilt(tmp_path):
     assert sorted(trials["a2a"]) == [1, 2]
     assert store.recommendations()[0]["a2a"] == 2
     assert not list(tmp_path.rglob(".tmp-*"))  # no temp files left behind
+
+
+def test_tables_have_their_header_even_when_nothing_was_stored_or_ranked(tmp_path):
+    """Issue 8 §4.2: a sweep whose trials all failed wrote a recommendations.csv with no
+    header; an empty store wrote two empty files."""
+    store = ResultStore(tmp_path)
+    t_path, r_path = store.rebuild()
+    assert t_path.read_text().strip() == ",".join(TRIAL_COLUMNS)
+    assert r_path.read_text().strip() == ",".join(RECOMMENDATION_COLUMNS)
+    store.add(row(2, None, status=Status.FAILED), KEY)
+    store.rebuild()
+    assert list(pd.read_csv(t_path)["failure_class"]) == ["oom"]
+    assert r_path.read_text().strip() == ",".join(RECOMMENDATION_COLUMNS)
+    assert store.recommendations() == []
+
+
+def test_the_declared_columns_are_what_rows_and_recommendations_hold():
+    assert tuple(row(2, 1.0)) == TRIAL_COLUMNS
+    (rec,) = recommendations([row(2, 1.0)])
+    assert tuple(rec) == RECOMMENDATION_COLUMNS
 
 
 def _writer(root, offset, count):

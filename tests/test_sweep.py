@@ -122,7 +122,8 @@ def test_failing_trial_is_recorded_with_its_class_and_the_sweep_completes(slurm_
     res = tmp_path / "results"
     r = hcp("sweep", "cp=2", "seq=1024", *TINY, "runner.inject_fault=raise", "executor=slurm",
             f"results_dir={res}")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr  # nothing was measured
+    assert "sweep: nothing measured: 2 trial(s) failed or were invalid (unknown: 2)" in r.stderr
     got = rows(res)
     assert len(got) == 2 and {x["status"] for x in got} == {"failed"}
     assert all(x["failure_class"] and x["error"] for x in got)
@@ -144,7 +145,8 @@ def test_planted_cp_off_is_never_ranked(tmp_path):
     res = tmp_path / "results"
     r = hcp("sweep", "cp=2", "seq=1024", *TINY, "runner.inject_fault=cp_off", "executor=local",
             f"results_dir={res}")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr  # nothing proved CP active: nothing measured
+    assert "nothing measured: 2 trial(s) failed or were invalid (invalid: 2)" in r.stderr
     assert {x["status"] for x in rows(res)} == {"invalid"}
     r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=1024", f"results_dir={res}")
     assert r.returncode == 3

@@ -1,0 +1,245 @@
+"""Every ``python -m hcp_tune ...`` command of README.md's code blocks, run as committed.
+
+README.md is read when the test runs, so the README cannot drift from the code: a command
+added there is either covered by the rules below or fails with "no mapping for README
+command ...". The commands run in README order in one fresh folder (the working directory,
+defaults untouched), as a user following the README would type them. How each is run:
+
+- **Pure commands** (``plan``, ``predict``, ``validate``, and ``sweep ... runner=model``)
+  run exactly as typed: they never measure, so they are fast on any profile. Expected:
+  exit 0 (``validate``: 0, or 1 when it reports errors, its documented findings exit).
+- **Measuring commands** (``sweep``, ``trial``, ``recommend``) and other ``hcp_tune.*``
+  modules need an entry in ``MAPPINGS``, keyed by the README command (tokens as the
+  shell passes them, joined by one space): tokens it replaces (CPU-sized ``seq`` and
+  ``cp``, the same in every command, so ``recommend`` finds what ``sweep`` stored), overrides
+  it appends (``runner.measure_steps=2`` and so on), and the outcome the README documents.
+  GPU-only commands run up to their documented message and exit code on a machine
+  without a GPU (the first trial fails as an ``environment`` failure and the sweep stops
+  with exit 1 under SLURM; without SLURM, ``runner=auto`` predicts and says so).
+- **Files** the commands name (``run_config.yaml``, ``rows.jsonl``) are written into the
+  folder first (``FILES``).
+- Not run: the set-up commands around them (venv creation, ``pip``, ``.ci/run``) and the
+  benchmark scripts (``python benchmarks/...``), which are not ``hcp_tune`` commands.
+
+SLURM commands use the local cluster (the ``slurm_cluster`` fixture: skipped without
+one, failed under ``HCP_TUNE_REQUIRE_SLURM=1`` as in CI).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+PURE = ("plan", "predict", "validate")
+SEPARATORS = ("&&", "||", ";", "|")
+# CPU-sized measured examples, the same in every command (so `recommend` finds what `sweep`
+# stored): shorter sequences, and cp=2, since every rank of every trial is a process that
+# imports torch and Megatron-Core (cp=4 in all three would start 34 of them instead of 14)
+SMALL = {"seq=2048": "seq=256", "seq=[2048,4096]": "seq=[256,512]", "cp=4": "cp=2"}
+FAST = ("runner.warmup_steps=1", "runner.measure_steps=2")
+
+FILES = {
+    # a Bridge run config with a correct HCP setting (validate's file example)
+    "run_config.yaml": (
+        "model:\n  tensor_model_parallel_size: 1\n  context_parallel_size: 8\n"
+        "  cp_comm_type: a2a+p2p\n  hierarchical_context_parallel_sizes: [2, 4]\n"
+        "  seq_length: 131072\ndist:\n  use_decentralized_pg: false\n"),
+    # measured CPU rows, the calibration example's input
+    "rows.jsonl": (REPO / "benchmarks" / "calibrate_cpu_rows.jsonl").read_text(),
+}
+
+
+# ------------------------------------------------------------------------- extraction
+def readme_commands(text: str) -> list[tuple[str, ...]]:
+    """Each ``python -m hcp_tune[.module] ARGS`` (or ``hcp-tune ARGS``) of the fenced code
+    blocks, as ``(module, *args)`` the way the shell passes them: continuation lines
+    joined, quotes removed, comments dropped, ``&&``-chained set-up commands split off."""
+    out = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
+        for line in re.sub(r"\\\n", " ", block).splitlines():
+            segment: list[str] = []
+            for token in [*shlex.split(line, comments=True), "&&"]:
+                if token not in SEPARATORS:
+                    segment.append(token)
+                    continue
+                command = _hcp_command(segment)
+                if command:
+                    out.append(command)
+                segment = []
+    return out
+
+
+def _hcp_command(tokens: list[str]) -> Optional[tuple[str, ...]]:
+    for i, token in enumerate(tokens):
+        if re.fullmatch(r"(\S*/)?hcp-tune", token):
+            return ("hcp_tune", *tokens[i + 1:])
+        module = tokens[i + 2] if i + 2 < len(tokens) else ""
+        if (re.fullmatch(r"(\S*/)?python3?", token) and tokens[i + 1:i + 2] == ["-m"]
+                and re.fullmatch(r"hcp_tune(\.\w+)*", module)):
+            return tuple(tokens[i + 2:])
+    return None
+
+
+def text_of(command: tuple[str, ...]) -> str:
+    return "python -m " + " ".join(command)
+
+
+# ------------------------------------------------------------------------- expectations
+Check = Callable[[subprocess.CompletedProcess, Path], None]
+
+
+def exit_code(*codes: int) -> Check:
+    def check(r, cwd):
+        assert r.returncode in codes, f"exit {r.returncode}, expected {codes}"
+    return check
+
+
+def measured_sweep(r, cwd):
+    assert r.returncode == 0, f"exit {r.returncode}"
+    assert "ranked:" in r.stdout
+    recs = (cwd / "results" / "recommendations.csv").read_text().splitlines()
+    assert len(recs) == 1 + 2, recs  # header + seq 256 and 512
+
+
+def found_recommendation(r, cwd):
+    assert r.returncode == 0, f"exit {r.returncode}"
+    assert "Bridge overrides:" in r.stdout and "model.context_parallel_size=2" in r.stdout
+
+
+def ok_trial(r, cwd):
+    assert r.returncode == 0, f"exit {r.returncode}"
+    result = json.loads(r.stdout)
+    assert result["status"] == "ok" and result["verification"]["numerics"]["passed"], result
+
+
+def gpu_profile_sweep(r, cwd):
+    """README set-up: `sweep cp=8 seq=131072` (dgx-h100, runner=auto) on this machine."""
+    if shutil.which("sbatch"):  # "a GPU profile's first trial fails fast as an environment
+        assert r.returncode == 1, f"exit {r.returncode}"  # failure and the sweep stops there"
+        assert "stopped submitting after an environment failure" in r.stderr
+        assert "no CUDA device on this node" in r.stderr
+    else:  # "says so in one line and prints the cost model's predicted ranking"
+        assert r.returncode == 0, f"exit {r.returncode}"
+        assert "runner=auto: no GPU and no SLURM here: predicting" in r.stderr
+        assert "PREDICTED" in r.stdout
+
+
+def calibrated(r, cwd):
+    assert r.returncode == 0, f"exit {r.returncode}"
+    assert list((cwd / "results" / "calibration").glob("*.json"))
+
+
+@dataclass(frozen=True)
+class Mapping:
+    expect: Check
+    replace: dict[str, str] = field(default_factory=dict)  # README token -> token run
+    extra: tuple[str, ...] = ()  # overrides appended
+    needs_gpu_absent: bool = False  # the README documents its behaviour without a GPU
+
+
+MAPPINGS = {
+    "python -m hcp_tune sweep cp=8 seq=131072": Mapping(
+        gpu_profile_sweep, needs_gpu_absent=True,
+        # GPU profile: the first trial fails before measuring; keep SLURM to one job array
+        extra=("executor.array_parallelism=1",)),
+    "python -m hcp_tune sweep cp=4 seq=[2048,4096] model=tiny cluster=local runner=attention "
+    "executor=slurm": Mapping(measured_sweep, SMALL, (*FAST, "search.early_stop=false")),
+    "python -m hcp_tune recommend cluster=local model=tiny cp=4 seq=2048": Mapping(
+        found_recommendation, SMALL),
+    "python -m hcp_tune trial cp=4 seq=2048 model=tiny cluster=local a2a=2": Mapping(
+        ok_trial, SMALL, FAST),
+    "python -m hcp_tune.calibrate rows.jsonl results_dir=results": Mapping(calibrated),
+}
+
+
+@dataclass(frozen=True)
+class Planned:
+    args: tuple[str, ...]  # after ``python -m``
+    expect: Check
+    skip: str = ""  # why it is not run here
+
+
+def plan_for(command: tuple[str, ...]) -> Planned:
+    """What runs for one README command, or LookupError when nothing covers it."""
+    text = text_of(command)
+    mapping = MAPPINGS.get(text)
+    if mapping is not None:
+        if mapping.needs_gpu_absent and shutil.which("nvidia-smi"):
+            return Planned(command, mapping.expect, skip="it would measure on this GPU")
+        args = tuple(mapping.replace.get(a, a) for a in command) + mapping.extra
+        return Planned(args, mapping.expect)
+    module, sub = command[0], command[1] if len(command) > 1 else ""
+    if module == "hcp_tune" and (sub in PURE or (sub == "sweep" and "runner=model" in command)):
+        return Planned(command, exit_code(0, 1) if sub == "validate" else exit_code(0))
+    raise LookupError(f"no mapping for README command {text!r}: add it to MAPPINGS in "
+                      "tests/test_readme_commands.py (what runs instead and what to expect)")
+
+
+# ------------------------------------------------------------------------- tests
+def test_extraction_joins_lines_drops_quotes_comments_and_set_up():
+    text = (
+        "intro `python -m hcp_tune plan` in prose is not a code block\n"
+        "```bash\n"
+        "# a comment\n"
+        "python3 -m venv .venv && .venv/bin/python -m hcp_tune sweep cp=8 seq=131072\n"
+        "python -m hcp_tune validate a=1 \\\n    \"b=[2,4]\" c=3\n"
+        "python -m hcp_tune.calibrate rows.jsonl   # trailing comment\n"
+        "python benchmarks/calibrate_cpu.py\n"
+        "hcp-tune plan cp=2\n"
+        "```\n")
+    assert readme_commands(text) == [
+        ("hcp_tune", "sweep", "cp=8", "seq=131072"),
+        ("hcp_tune", "validate", "a=1", "b=[2,4]", "c=3"),
+        ("hcp_tune.calibrate", "rows.jsonl"),
+        ("hcp_tune", "plan", "cp=2"),
+    ]
+
+
+def test_a_command_nobody_mapped_is_named():
+    with pytest.raises(LookupError, match=re.escape(
+            "no mapping for README command 'python -m hcp_tune trial cp=64 a2a=8'")):
+        plan_for(("hcp_tune", "trial", "cp=64", "a2a=8"))
+    assert plan_for(("hcp_tune", "plan", "cp=2")).args == ("hcp_tune", "plan", "cp=2")
+
+
+@pytest.mark.readme
+def test_every_readme_command_runs_as_documented(slurm_cluster, tmp_path):
+    commands = readme_commands((REPO / "README.md").read_text())
+    assert len(commands) >= 5, commands  # the README has its examples
+    for name, content in FILES.items():
+        (tmp_path / name).write_text(content)
+    problems, ran = [], []
+    for command in commands:
+        try:
+            planned = plan_for(command)
+        except LookupError as exc:
+            problems.append(str(exc))
+            continue
+        if planned.skip:
+            ran.append(f"not run ({planned.skip}): {text_of(command)}")
+            continue
+        start = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", *planned.args], capture_output=True,
+                           text=True, cwd=tmp_path, env=ENV, timeout=600)
+        ran.append(f"exit {r.returncode} in {time.monotonic() - start:.0f} s: "
+                   f"{text_of(planned.args)}")
+        try:
+            assert "Traceback" not in r.stderr, "a traceback"
+            planned.expect(r, tmp_path)
+        except (AssertionError, OSError, ValueError) as exc:
+            tail = "\n    ".join((r.stdout + r.stderr).strip().splitlines()[-8:])
+            problems.append(f"{text_of(command)} (ran: {text_of(planned.args)}): {exc}\n    {tail}")
+    print("\n".join(ran))
+    assert not problems, "\n".join(problems)
