@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from hcp_tune.noise import row_noise
 from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
 
 KEY_FIELDS = ("cluster", "model", "tp", "cp", "seq", "runner", "env_tag")
@@ -162,14 +163,6 @@ class ResultStore:
         return json.loads(frame.to_json(orient="records"))
 
 
-def _noise(row: dict[str, Any]) -> float:
-    """Relative half-spread of a trial's steps: (p90 - p10) / (2 * median)."""
-    med, lo, hi = row.get("median_s"), row.get("p10_s"), row.get("p90_s")
-    if not med or lo is None or hi is None or any(_nan(v) for v in (med, lo, hi)):
-        return 0.0
-    return (hi - lo) / (2 * med)
-
-
 def _nan(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
@@ -199,7 +192,7 @@ def recommendations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         best = ranked[0]
         second: Optional[dict[str, Any]] = ranked[1] if len(ranked) > 1 else None
         margin = (second["median_s"] / best["median_s"] - 1) if second else None
-        noise = max(_noise(best), _noise(second)) if second else 0.0
+        noise = max(row_noise(best), row_noise(second)) if second else 0.0
         base = {r["comm_type"]: r for r in ranked}
         cp = best["cp"]
         out.append({

@@ -25,6 +25,7 @@ from hcp_tune.config import SweepConfig
 from hcp_tune.job.payload import slurm_payload
 from hcp_tune.launch import local_payload
 from hcp_tune.layout import Candidate
+from hcp_tune.noise import row_noise
 from hcp_tune.plan import candidates
 from hcp_tune.settings import RETRY_CHOICES
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec, classify_error_text
@@ -104,15 +105,15 @@ def read_progress(path: Optional[str]) -> list[float]:
 
 def should_prune(steps: list[float], best: Optional[dict[str, Any]]) -> bool:
     """Stop a trial when even its fastest measured step is slower than the best layout's
-    median by more than the best's own noise (its p10-p90 spread), and at least 5%.
+    median by more than the best's whole p10-p90 band (twice its ``noise.row_noise``), and
+    at least 5%.
 
     Using the fastest step (not the median) makes the rule conservative: a trial with one
     slow outlier is never stopped, only one that is slow on every step.
     """
     if best is None or len(steps) < MIN_STEPS_TO_PRUNE:
         return False
-    spread = (best["p90_s"] - best["p10_s"]) / best["median_s"] if best.get("p90_s") else 0.0
-    return min(steps) > best["median_s"] * (1 + max(PRUNE_FLOOR, spread))
+    return min(steps) > best["median_s"] * (1 + max(PRUNE_FLOOR, 2 * row_noise(best)))
 
 
 def partial_result(spec: TrialSpec, status: Status, steps: list[float], error: str) -> TrialResult:

@@ -2,8 +2,8 @@
 
 Modules here import only the standard library, torch, megatron.core, transformer_engine
 (lazily, on the TE path), submitit (lazily, only to read a SLURM job's environment),
-packaging (a Megatron-Core dependency, for TE's version), ``hcp_tune.spec`` and
-``hcp_tune.flops`` (both standard-library only, shared with the orchestrator) and each
+packaging (a Megatron-Core dependency, for TE's version), ``hcp_tune.spec``,
+``hcp_tune.flops`` and ``hcp_tune.noise`` (standard-library only, shared with the orchestrator) and each
 other. Never hydra, optuna, pandas or rich; a test imports
 every module with those blocked. This file imports nothing.
 

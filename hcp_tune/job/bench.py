@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from hcp_tune.flops import causal_attention_flops
+from hcp_tune.noise import percentile
 
 
 def attention_flops(*, seq: int, heads: int, head_dim: int, mbs: int = 1) -> dict[str, float]:
@@ -45,17 +46,6 @@ def attention_flops(*, seq: int, heads: int, head_dim: int, mbs: int = 1) -> dic
 def flops_per_gpu(spec) -> float:
     total = attention_flops(seq=spec.seq, heads=spec.heads, head_dim=spec.head_dim, mbs=spec.mbs)
     return total["total"] / (spec.cp * spec.tp)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
-    if not values:
-        raise ValueError("percentile of no values")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def summarize(times: list[float]) -> dict[str, float]:
