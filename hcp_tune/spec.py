@@ -79,6 +79,10 @@ class TrialSpec:
     device: str = "any"  # cuda: the cluster profile promises GPUs, a node without is an error
     progress_path: Optional[str] = None  # per-step progress lines for early stopping
     env_tag: str = "default"
+    # runner=bridge only: a Bridge recipe function to start from (None: build the model from
+    # the dimensions above) and Bridge KEY=VALUE overrides applied last (job/bridge_config.py)
+    bridge_recipe: Optional[str] = None
+    bridge_overrides: list[str] = field(default_factory=list)
     # tests only: cp_off (no CP communication: each rank attends to its own chunks) |
     # no_groups (HCP groups never created) | raise | kill_rank (last rank exits mid-trial) |
     # hang_rank (last rank stops answering mid-trial: only the comm timeout ends the others)
