@@ -29,8 +29,8 @@ Runner = Literal["auto", "attention", "model", "bridge"]
 RUNNERS: tuple[str, ...] = typing.get_args(Runner)
 ExecutorName = Literal["slurm", "local", "auto"]
 EXECUTOR_NAMES: tuple[str, ...] = typing.get_args(ExecutorName)
-RETRY_CHOICES = ("none", "failed", "oom", "comm", "numerics", "environment", "time_limit",
-                 "unknown")
+RETRY_CHOICES = ("none", "failed", "oom", "comm", "numerics", "environment", "config",
+                 "time_limit", "unknown")
 
 
 def _f(doc: str, **meta: Any) -> Any:
@@ -73,6 +73,17 @@ class RunnerConfig:
     time_limit_s: float = _f("per trial, seconds")
     inject_fault: Optional[Literal["cp_off", "no_groups", "raise", "kill_rank", "hang_rank"]] = \
         _f("tests only: plant a failure the checks must catch")
+    recipe: Optional[str] = _f("runner=bridge: a Bridge recipe function to start from; "
+                               "null: a GPT built from the model profile's dimensions")
+    overrides: list[str] = _f("runner=bridge: Bridge KEY=VALUE overrides, applied last")
+
+    def __post_init__(self) -> None:
+        from hcp_tune.job.bridge_config import BridgeConfigError, parse_overrides
+
+        try:
+            parse_overrides(list(self.overrides))
+        except BridgeConfigError as e:
+            raise ConfigError(str(e)) from None
 
 
 @dataclass(frozen=True, kw_only=True)

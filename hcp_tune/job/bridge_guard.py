@@ -89,17 +89,21 @@ class HCPGuard:
 
     ``expected_groups`` ({"cp"|"a2a"|"p2p": [[ranks], ...]}, e.g. from ``hcp-tune plan
     format=json``) pins the exact ranks; without it the attention modules must hold the
-    groups Megatron-Core's ``parallel_state`` built, of the configured sizes.
+    groups Megatron-Core's ``parallel_state`` built, of the configured sizes. ``layout``
+    (``(comm_type, a2a, p2p)``: hcp-tune's trials pass their plan) is checked instead of
+    what the run's config says, so an override that changed the layout is caught too.
     ``log`` receives rank 0's report (default ``print``); ``collect_fn``, ``gather`` and
     ``rank`` are for tests.
     """
 
-    def __init__(self, *, expected_groups: Optional[dict] = None, check_flat_cp: bool = True,
+    def __init__(self, *, expected_groups: Optional[dict] = None,
+                 layout: Optional[tuple[str, int, int]] = None, check_flat_cp: bool = True,
                  log: Callable[[str], None] = print,
                  collect_fn: Optional[Callable[[Any, int], RankEvidence]] = None,
                  gather: Callable[[Any], list] = _gather_all,
                  rank: Callable[[], int] = _rank) -> None:
         self.expected_groups = expected_groups or {}
+        self.layout = layout
         self.check_flat_cp = check_flat_cp
         self.log = log
         self.collect_fn = collect_fn or (lambda model, r: collect(list(model), r))
@@ -109,7 +113,9 @@ class HCPGuard:
 
     def on_train_start(self, context: Any) -> None:
         cfg = getattr(getattr(context, "state", None), "cfg", None)
-        layout = configured_layout(getattr(cfg, "model", None))
+        layout = self.layout or configured_layout(getattr(cfg, "model", None))
+        if layout is not None and layout[1] * layout[2] == 1:
+            layout = None  # cp = 1: nothing to prove
         if layout is None or (layout[0] != "a2a+p2p" and not self.check_flat_cp):
             self.report = {"checked": False, "reason": "no context parallelism configured"}
             return
@@ -121,7 +127,7 @@ class HCPGuard:
         problems = check_cp_active(everyone, a2a=a2a, p2p=p2p, comm_type=comm,
                                    expected=self.expected_groups)
         self.report = {"checked": True, "comm_type": comm, "sizes": [a2a, p2p],
-                       "problems": problems}
+                       "problems": problems, "found": [describe(e) for e in everyone]}
         if me == 0:
             head = f"hcp-guard: cp_comm_type={comm} [a2a, p2p] = [{a2a}, {p2p}]"
             for ev in sorted(everyone, key=lambda e: e.rank):

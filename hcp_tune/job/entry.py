@@ -261,6 +261,10 @@ def _teardown_groups(before: frozenset, device, *, clean: bool) -> None:
 
 def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) -> TrialResult:
     """Run one trial on this rank; never raises for a trial failure."""
+    if spec.runner == "bridge":  # a Bridge training run: job/bridge_runner.py
+        from hcp_tune.job.bridge_runner import run_bridge_trial
+
+        return run_bridge_trial(spec, env=env)
     t0 = time.monotonic()
     res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, world_size=spec.world_size)
     created = False
@@ -353,7 +357,15 @@ def run_trials(specs: list[TrialSpec]) -> list[TrialResult]:
     """
     out: list[TrialResult] = []
     broken: Optional[TrialResult] = None
+    bridge_ran: Optional[str] = None
     for spec in specs:
+        if spec.runner == "bridge" and bridge_ran is not None:
+            out.append(TrialResult(  # bridge_runner.py: Bridge sets up global state per run
+                trial_id=spec.trial_id, status=Status.SKIPPED, world_size=spec.world_size,
+                error=f"not run: Bridge trials run one per process ({bridge_ran} ran here)"))
+            continue
+        if spec.runner == "bridge":
+            bridge_ran = spec.trial_id
         if broken is not None:
             out.append(TrialResult(
                 trial_id=spec.trial_id, status=Status.SKIPPED, world_size=spec.world_size,
