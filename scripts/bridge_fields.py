@@ -6,7 +6,7 @@ Engine) from two git checkouts with ``git show REV:PATH``, parses each dataclass
 ConfigContainer section, every field a dotted path may name; tests/test_bridge_config.py
 checks every path hcp-tune sets against it. Usage::
 
-    python scripts/bridge_fields.py BRIDGE_GIT_DIR MEGATRON_LM_GIT_DIR > tests/data/bridge_fields.json
+    python scripts/bridge_fields.py BRIDGE_GIT MEGATRON_LM_GIT > tests/data/bridge_fields.json
 """
 from __future__ import annotations
 

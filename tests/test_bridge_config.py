@@ -122,14 +122,19 @@ def test_missing_model_dimensions_name_the_fix():
 
 
 def test_apply_fields_sets_paths_in_order_and_rejects_unknown_ones():
-    root = SimpleNamespace(model=SimpleNamespace(seq_length=1, activation_func=None),
-                           train=SimpleNamespace(train_iters=0), mixed_precision=None)
-    bc.apply_fields(root, {"model.seq_length": 8, "train.train_iters": 3, "model.seq_length": 16,
-                           "mixed_precision": "bf16_mixed",
-                           "model.activation_func": bc.Ref("math:sqrt")})
     import math
-    assert root.model.seq_length == 16 and root.train.train_iters == 3
-    assert root.mixed_precision == "bf16_mixed" and root.model.activation_func is math.sqrt
+
+    old_model = SimpleNamespace(seq_length=1, activation_func=None)
+    root = SimpleNamespace(model=old_model, train=SimpleNamespace(train_iters=0),
+                           mixed_precision=None)
+    new_model = SimpleNamespace(seq_length=2, activation_func=None)
+    # in order: the path under "model" lands on the object "model" was replaced by
+    bc.apply_fields(root, {"model.seq_length": 8, "train.train_iters": 3, "model": new_model,
+                           "model.activation_func": bc.Ref("math:sqrt"),
+                           "mixed_precision": "bf16_mixed"})
+    assert root.model is new_model and old_model.seq_length == 8
+    assert new_model.seq_length == 2 and new_model.activation_func is math.sqrt
+    assert root.train.train_iters == 3 and root.mixed_precision == "bf16_mixed"
     with pytest.raises(bc.BridgeConfigError, match="model.seqlen: no field 'seqlen'"):
         bc.apply_fields(root, {"model.seqlen": 4})
     with pytest.raises(bc.BridgeConfigError, match="optim.lr: optim does not exist"):

@@ -110,8 +110,9 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
             continue
         head = key.split(".")[0]
         if head not in CONTAINER_FIELDS:
+            sections = ", ".join(sorted(CONTAINER_FIELDS))
             problems.append(f"{item!r}: {head!r} is not a ConfigContainer section "
-                            f"(Megatron-Bridge {BRIDGE_VERSION}: {', '.join(sorted(CONTAINER_FIELDS))})")
+                            f"(Megatron-Bridge {BRIDGE_VERSION}: {sections})")
             continue
         out.append((key, parse_value(value)))
     if problems:

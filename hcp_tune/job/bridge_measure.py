@@ -145,7 +145,8 @@ class StepRecorder:
         mine = self.memory() if self.memory else None
         self.ranks_memory = [m for m in (self.gather(mine) if self.gather else [mine]) if m]
 
-    def result(self, *, world_size: int, flops_per_step_ported: Optional[float]) -> BridgeMeasurement:
+    def result(self, *, world_size: int,
+               flops_per_step_ported: Optional[float]) -> BridgeMeasurement:
         """The measurement: Bridge's own FLOP count when it reported one, else the port."""
         m = BridgeMeasurement(source="callbacks", world_size=world_size,
                               memory=list(self.ranks_memory))
@@ -161,7 +162,8 @@ class StepRecorder:
             m.notes.append(f"FLOPs per step: Bridge counted {bridge_count:.4g}, the port "
                            f"{flops_per_step_ported:.4g} (ratio {ratio:.3f})")
         if m.step_times_s and m.flops_per_step and world_size:
-            m.tflops_per_gpu = m.flops_per_step / statistics.median(m.step_times_s) / world_size / 1e12
+            median = statistics.median(m.step_times_s)
+            m.tflops_per_gpu = m.flops_per_step / median / world_size / 1e12
         return m
 
 

@@ -69,7 +69,7 @@ def read_memory(rank: int, device) -> Any:
                    max_allocated=int(torch.cuda.max_memory_allocated(device)))
     try:  # NVML through torch (torch >= 2.6): counts the context and NCCL's buffers too
         m.device_used, m.device_used_source = int(torch.cuda.device_memory_used(device)), "nvml"
-    except (AttributeError, RuntimeError, ModuleNotFoundError):
+    except Exception:  # no pynvml, an NVML error, an older torch: the driver's figure instead
         free, total = torch.cuda.mem_get_info(device)
         m.device_used, m.device_used_source = int(total - free), "cudaMemGetInfo"
     return m
@@ -108,6 +108,19 @@ def last_rank_log(world_size: int) -> Optional[Path]:
     if not mine:
         return None
     return Path(mine).with_name(f"rank{world_size - 1}.log")
+
+
+class _Fingerprint:
+    """Bridge callback: the environment fingerprint, taken at train start while Bridge's
+    process group exists (``entry.fingerprint`` gathers every rank's host name)."""
+
+    def __init__(self, res: TrialResult, env, device) -> None:
+        self.res, self.env, self.device = res, env, device
+
+    def on_train_start(self, context: Any) -> None:
+        from hcp_tune.job.entry import fingerprint
+
+        self.res.fingerprint = fingerprint(self.env, self.device)
 
 
 def run_bridge_trial(spec: TrialSpec, *, env=None) -> TrialResult:
@@ -174,13 +187,14 @@ def _run(spec: TrialSpec, res: TrialResult, env, t0: float) -> TrialResult:
         on_measured_step=(lambda i, t: _progress(spec, i, t)) if env.rank == 0 else None)
     try:
         if with_callbacks:
-            pretrain(cfg, forward_step, callbacks=[guard, recorder])
+            pretrain(cfg, forward_step, callbacks=[_Fingerprint(res, env, device), guard, recorder])
         else:
             pretrain(cfg, forward_step)
     finally:
         res.verification["cp_active"] = guard.report or {"checked": False}
     if with_callbacks:
-        m = recorder.result(world_size=spec.world_size, flops_per_step_ported=ported_flops(cfg, spec))
+        m = recorder.result(world_size=spec.world_size,
+                            flops_per_step_ported=ported_flops(cfg, spec))
     else:
         log = last_rank_log(spec.world_size)
         if log is None or not log.exists():
