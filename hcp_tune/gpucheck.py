@@ -94,12 +94,20 @@ def verdict(spec: TrialSpec, res: TrialResult, mode: Mode) -> tuple[bool, str]:
         problems.append(f"backend {res.backend} ran, {mode.backend} was expected")
     if mode.backend == "te" and res.backend == "te" and not res.te_backend:
         problems.append("TE's selected backend was not recorded (NVTE_DEBUG log not seen)")
+    return verdict_line(f"gpu-check [{spec.a2a},{spec.p2p}] {spec.comm_type}", res, parts,
+                        problems)
+
+
+def verdict_line(label: str, res: TrialResult, parts: list[str], problems: list[str]
+                 ) -> tuple[bool, str]:
+    """PASS when the trial is ok and no check found a problem; else FAIL with the first
+    problem (the trial's own status and error when no check named one)."""
     if res.status != Status.OK and not problems:
         cls = f" ({res.failure_class.value})" if res.failure_class else ""
         problems.append(f"{res.status.value}{cls}: {res.error}")
     ok = res.status == Status.OK and not problems
-    line = (f"gpu-check [{spec.a2a},{spec.p2p}] {spec.comm_type}: {'PASS' if ok else 'FAIL'}  "
-            + " | ".join(parts) + ("" if ok else f"  -- {problems[0]}"))
+    line = (f"{label}: {'PASS' if ok else 'FAIL'}  " + " | ".join(parts)
+            + ("" if ok else f"  -- {problems[0]}"))
     return ok, line
 
 

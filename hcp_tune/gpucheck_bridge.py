@@ -14,7 +14,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from hcp_tune.spec import Status, TrialResult, TrialSpec
+from hcp_tune.spec import TrialResult, TrialSpec
 
 LAYOUTS = ((2, 2), (1, 4))
 MODEL, LAYERS, SEQ = "llama3-8b", 2, 8192
@@ -59,14 +59,10 @@ def verdict(spec: TrialSpec, res: TrialResult) -> tuple[bool, str]:
         parts.append(f"lm loss {losses[0]:.4g} -> {losses[-1]:.4g}")
         if not all(math.isfinite(x) for x in losses):
             problems.append("lm loss is not finite")
-    if res.status != Status.OK and not problems:
-        cls = f" ({res.failure_class.value})" if res.failure_class else ""
-        problems.append(f"{res.status.value}{cls}: {res.error}")
-    ok = res.status == Status.OK and not problems
-    line = (f"gpu-check bridge [{spec.a2a},{spec.p2p}] {spec.comm_type}: "
-            f"{'PASS' if ok else 'FAIL'}  " + " | ".join(parts)
-            + ("" if ok else f"  -- {problems[0]}"))
-    return ok, line
+    from hcp_tune.gpucheck import verdict_line
+
+    return verdict_line(f"gpu-check bridge [{spec.a2a},{spec.p2p}] {spec.comm_type}", res,
+                        parts, problems)
 
 
 def run(cluster: str, workdir: Path) -> list[tuple[bool, str]]:

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from hcp_tune.job.bridge_guard import HCPGuard, HCPNotActiveError, configured_layout
+from hcp_tune.job.bench import over_peak
 from hcp_tune.job.bridge_verify import (
-    AttentionEvidence, RankEvidence, check_cp_active, collect, over_peak, summarize_problems,
+    AttentionEvidence, RankEvidence, check_cp_active, collect, summarize_problems,
 )
 from hcp_tune.layout import Layout, rank_groups
 

@@ -155,7 +155,6 @@ def _run(spec: TrialSpec, res: TrialResult, env, t0: float) -> TrialResult:
     from hcp_tune.job.bridge_config import bridge_fields, build_container, summary
     from hcp_tune.job.bridge_guard import HCPGuard
     from hcp_tune.job.bridge_measure import StepRecorder, parse_log
-    from hcp_tune.job.bridge_verify import over_peak
     from hcp_tune.job.dist import bind_device, detect_env
     from hcp_tune.job.entry import EnvironmentProblem, _progress
 
@@ -219,7 +218,7 @@ def _run(spec: TrialSpec, res: TrialResult, env, t0: float) -> TrialResult:
     from hcp_tune.flops import BRIDGE_FLOPS_SOURCE
 
     res.verification["flops"] = BRIDGE_FLOPS_SOURCE
-    too_fast = over_peak(res.tflops_per_gpu, spec.peak_tflops)
+    too_fast = bench.over_peak(res.tflops_per_gpu, spec.peak_tflops)
     if too_fast:
         res.status, res.error = Status.INVALID, too_fast
         return res

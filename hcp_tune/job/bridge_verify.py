@@ -14,10 +14,11 @@ attention), so the proof is structural, at train start:
   at the Megatron-LM commit Bridge v0.6.0 pins, cd4afffa648426a9,
   ``extensions/transformer_engine.py``, passes them at construction);
 - the hierarchical groups exist in Megatron-Core's ``parallel_state`` with the same ranks;
-- and, after the run, the achieved TFLOP/s per GPU stay under the profile's peak.
+- and, after the run, the achieved TFLOP/s per GPU stay under the profile's peak
+  (``bench.over_peak``, shared with the attention runner).
 
 ``collect`` reads one rank's evidence (job side: torch, Megatron-Core); the rules
-(``check_cp_active``, ``over_peak``) are pure functions of that recorded evidence, which
+(``check_cp_active``) are pure functions of that recorded evidence, which
 is what the tests and the production guard (``bridge_guard``) share.
 """
 from __future__ import annotations
@@ -186,14 +187,6 @@ def check_cp_active(evidence: list[RankEvidence], *, a2a: int, p2p: int, comm_ty
     for ev in sorted(evidence, key=lambda e: e.rank):
         problems += check_rank(ev, a2a=a2a, p2p=p2p, comm_type=comm_type, expected=expected)
     return problems
-
-
-def over_peak(tflops_per_gpu: Optional[float], peak_tflops: Optional[float]) -> Optional[str]:
-    """Why a measurement beats physics (the second symptom of CP off), or None."""
-    if tflops_per_gpu is None or not peak_tflops or tflops_per_gpu <= peak_tflops:
-        return None
-    return (f"achieved {tflops_per_gpu:.1f} TFLOP/s per GPU exceeds the hardware peak "
-            f"{peak_tflops:.1f}: CP cannot be doing the full work")
 
 
 def summarize_problems(problems: list[str]) -> str:
