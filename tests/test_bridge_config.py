@@ -189,3 +189,58 @@ def test_bridge_flops_scale_with_batch_and_gqa_only_shrinks_kv():
                            kv_heads=2, head_dim=8, vocab=1024)
     # K and V projections: 6*layers*hidden*2*head_dim*(8-2) per token fewer
     assert one - gqa == 512 * 6 * 2 * 64 * 2 * 8 * 6
+
+
+# ---------------------------------------------------------------- building the container
+# Bridge is not importable here: ``resolve`` is replaced by plain namespaces standing in for
+# Bridge's classes, so what is checked is how the mapping becomes constructor arguments and
+# attribute writes, in order.
+
+SILU = object()
+
+
+def fake_resolve(path):
+    if path == "torch.nn.functional:silu":
+        return SILU
+    if path == "my_recipes:tiny_recipe":
+        return lambda: SimpleNamespace(
+            model=SimpleNamespace(num_layers=32, seq_length=4096, context_parallel_size=1,
+                                  tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                                  sequence_parallel=False, cp_comm_type="p2p",
+                                  hierarchical_context_parallel_sizes=None),
+            train=SimpleNamespace(train_iters=1000, micro_batch_size=1, global_batch_size=512),
+            validation=SimpleNamespace(eval_iters=10),
+            checkpoint=SimpleNamespace(save="/ckpt", load=None),
+            logger=SimpleNamespace(log_interval=10, log_throughput=False),
+            dist=SimpleNamespace(use_decentralized_pg=False, distributed_timeout_minutes=10),
+            rng=SimpleNamespace(seed=1), dataset=None,
+            scheduler=SimpleNamespace(lr_warmup_iters=2000, lr_decay_iters=None),
+            tokenizer=SimpleNamespace(tokenizer_type="HuggingFaceTokenizer", vocab_size=None),
+            mixed_precision="bf16_mixed")
+    return lambda **kw: SimpleNamespace(_cls=path, **kw)
+
+
+def test_build_container_scratch_mode(monkeypatch):
+    monkeypatch.setattr(bc, "resolve", fake_resolve)
+    cfg = bc.build_container(bc.bridge_fields(spec(2, 2, bridge_overrides=["model.seq_length=512"])))
+    assert cfg._cls.endswith(":ConfigContainer")
+    assert cfg.model._cls.endswith("gpt_provider:GPTModelProvider")
+    assert cfg.dataset._cls.endswith(":MockGPTDatasetConfig")
+    assert (cfg.model.context_parallel_size, cfg.model.cp_comm_type,
+            cfg.model.hierarchical_context_parallel_sizes) == (4, "a2a+p2p", [2, 2])
+    assert cfg.model.activation_func is SILU and cfg.mixed_precision == "bf16_mixed"
+    assert cfg.model.seq_length == 512 and cfg.dataset.seq_length == 256  # the override won
+    assert cfg.tokenizer.tokenizer_type == "NullTokenizer" and cfg.checkpoint.save is None
+    assert cfg.dist.use_decentralized_pg is False and cfg.train.train_iters == 7
+
+
+def test_build_container_recipe_mode_keeps_the_recipe_model(monkeypatch):
+    monkeypatch.setattr(bc, "resolve", fake_resolve)
+    cfg = bc.build_container(bc.bridge_fields(spec(2, 2, bridge_recipe="my_recipes:tiny_recipe")))
+    assert cfg.model.num_layers == 32  # the recipe's
+    assert cfg.model.seq_length == 256 and cfg.model.hierarchical_context_parallel_sizes == [2, 2]
+    assert cfg.dataset._cls.endswith(":MockGPTDatasetConfig") and cfg.dataset.seq_length == 256
+    assert cfg.train.global_batch_size == 1 and cfg.train.train_iters == 7
+    assert cfg.checkpoint.save is None and cfg.validation.eval_iters == 0
+    assert cfg.tokenizer.tokenizer_type == "NullTokenizer"
+    assert (cfg.scheduler.lr_warmup_iters, cfg.scheduler.lr_decay_iters) == (1, 7)

@@ -148,3 +148,26 @@ def test_bad_override_is_one_line_exit_2(tmp_path):
     assert proc.stderr.startswith("hcp-tune: error: runner.overrides: 'modle.seq_length=4': "
                                   "'modle' is not a ConfigContainer section")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_ported_flops_reads_the_model_as_bridge_resolved_it():
+    from types import SimpleNamespace
+
+    from hcp_tune.flops import bridge_gpt_flops
+
+    model = SimpleNamespace(seq_length=256, num_layers=2, hidden_size=64, ffn_hidden_size=256,
+                            num_attention_heads=8, num_query_groups=None, kv_channels=None,
+                            vocab_size=1000, tensor_model_parallel_size=1, gated_linear_unit=True,
+                            make_vocab_size_divisible_by=128)
+    cfg = SimpleNamespace(model=model, train=SimpleNamespace(global_batch_size=2))
+    assert bridge_runner.ported_flops(cfg, spec()) == bridge_gpt_flops(
+        batch=2, seq=256, layers=2, hidden=64, ffn_hidden=256, heads=8, kv_heads=8,
+        head_dim=8, vocab=1000)
+    assert bridge_runner.ported_flops(SimpleNamespace(model=None, train=None), spec()) is None
+
+
+def test_log_fallback_reads_the_last_ranks_log(monkeypatch, tmp_path):
+    monkeypatch.setenv("HCP_TUNE_LOG", str(tmp_path / "rank0.log"))
+    assert bridge_runner.last_rank_log(4) == tmp_path / "rank3.log"
+    monkeypatch.delenv("HCP_TUNE_LOG")
+    assert bridge_runner.last_rank_log(4) is None
