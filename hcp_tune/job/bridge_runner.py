@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from hcp_tune.spec import Status, TrialResult, TrialSpec
+from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 CONTAINER_HINT = ("use the Bridge container (executor.container_image) or executor.setup/"
                   "executor.python; README 'runner=bridge'")
@@ -134,7 +134,7 @@ def run_bridge_trial(spec: TrialSpec, *, env=None) -> TrialResult:
         problem = missing_stack()  # before anything else: nothing below works without them
         if problem:
             raise EnvironmentProblem(problem)
-        return _run(spec, res, env, t0)
+        return _run(spec, res, env)
     except Exception as e:  # a failure is a result
         from hcp_tune.job.bridge_guard import HCPNotActiveError
 
@@ -144,11 +144,15 @@ def run_bridge_trial(spec: TrialSpec, *, env=None) -> TrialResult:
             res.status = Status.FAILED
             res.failure_class, res.error = classify(e)
         return res
+    except SystemExit as e:  # Bridge's train loop exits the process on a signal or duration
+        res.status, res.failure_class = Status.FAILED, FailureClass.UNKNOWN
+        res.error = f"Bridge called sys.exit({e.code}) during training (exit signal or duration)"
+        return res
     finally:
         res.wall_s = time.monotonic() - t0
 
 
-def _run(spec: TrialSpec, res: TrialResult, env, t0: float) -> TrialResult:
+def _run(spec: TrialSpec, res: TrialResult, env) -> TrialResult:
     import torch
 
     from hcp_tune.job import bench
