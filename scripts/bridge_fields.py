@@ -3,8 +3,9 @@
 Reads the sources (not an installed Bridge: it cannot be imported without Transformer
 Engine) from two git checkouts with ``git show REV:PATH``, parses each dataclass with
 ``ast`` and follows the base classes named in ``CLASSES``. The output lists, per
-ConfigContainer section, every field a dotted path may name; tests/test_bridge_config.py
-checks every path hcp-tune sets against it. Usage::
+ConfigContainer section, every field a dotted path may name, Bridge's callback event names
+and ``pretrain``'s parameters; tests/test_bridge_config.py checks every path and callback
+hcp-tune uses against them. Usage::
 
     python scripts/bridge_fields.py BRIDGE_GIT MEGATRON_LM_GIT > tests/data/bridge_fields.json
 """
@@ -93,10 +94,24 @@ def main(bridge_dir: str, mlm_dir: str) -> None:
             out |= all_fields(p)
         return out
 
+    def bridge_source(path: str) -> str:
+        return subprocess.run(["git", "-C", bridge_dir, "show", f"{BRIDGE_REV}:{path}"],
+                              capture_output=True, text=True, check=True).stdout
+
+    events: list[str] = []  # callbacks.py: VALID_EVENTS = frozenset({...})
+    for node in ast.parse(bridge_source("src/megatron/bridge/training/callbacks.py")).body:
+        target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+        if isinstance(target, ast.Name) and target.id == "VALID_EVENTS":
+            events = sorted(c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant))
+    pretrain_args: list[str] = []  # pretrain.py: def pretrain(config, forward_step_func, ...)
+    for node in ast.parse(bridge_source("src/megatron/bridge/training/pretrain.py")).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "pretrain":
+            pretrain_args = [a.arg for a in node.args.args + node.args.kwonlyargs]
     data = {"bridge": f"Megatron-Bridge v0.6.0 {BRIDGE_REV}",
             "megatron_lm": f"Megatron-LM {MLM_REV} (Bridge v0.6.0's 3rdparty/Megatron-LM)",
             "container": sorted(all_fields("ConfigContainer")),
-            "sections": {s: sorted(all_fields(c)) for s, c in SECTIONS.items()}}
+            "sections": {s: sorted(all_fields(c)) for s, c in SECTIONS.items()},
+            "callback_events": events, "pretrain_args": pretrain_args}
     json.dump(data, sys.stdout, indent=1)
     sys.stdout.write("\n")
 

@@ -244,3 +244,20 @@ def test_build_container_recipe_mode_keeps_the_recipe_model(monkeypatch):
     assert cfg.checkpoint.save is None and cfg.validation.eval_iters == 0
     assert cfg.tokenizer.tokenizer_type == "NullTokenizer"
     assert (cfg.scheduler.lr_warmup_iters, cfg.scheduler.lr_decay_iters) == (1, 7)
+
+
+# ---------------------------------------------------------------- the callback API
+
+def test_pretrain_takes_callbacks_at_the_pinned_version():
+    assert FIELDS["pretrain_args"] == ["config", "forward_step_func", "callbacks"]
+
+
+def test_our_callbacks_define_only_bridge_events():
+    from hcp_tune.job.bridge_guard import HCPGuard
+    from hcp_tune.job.bridge_measure import StepRecorder
+    from hcp_tune.job.bridge_runner import _Fingerprint
+
+    events = set(FIELDS["callback_events"])
+    for cls in (StepRecorder, HCPGuard, _Fingerprint):
+        hooks = {n for n in vars(cls) if n.startswith("on_")}
+        assert hooks and hooks <= events, (cls.__name__, hooks - events)
