@@ -39,3 +39,50 @@ def layer_gemm_flops(
 def lm_head_flops(tokens: int, hidden: int, vocab: int) -> float:
     """Forward FLOPs of the output (logits) layer. Backward is 2x."""
     return 2.0 * tokens * hidden * vocab
+
+
+# Megatron-Bridge's count, so a Bridge trial's TFLOP/s agree with Bridge's own log line.
+# Ported (restated, not copied) from Megatron-Bridge v0.6.0 (commit 51885cf132b2), file
+# src/megatron/bridge/training/utils/flop_utils.py, ``num_floating_point_operations`` ->
+# ``transformer_flops``, for the dense GPT case only: no MoE, no MLA, no sliding window, no
+# multi-token prediction, no attention output gate, no LoRA. The padded vocabulary is
+# Megatron-LM's ``calculate_padded_vocab_size`` (megatron/training/vocab_utils.py at the
+# Megatron-LM commit Bridge v0.6.0 pins, cd4afffa648426a9): round up to a multiple of
+# ``make_vocab_size_divisible_by * tp``.
+BRIDGE_FLOPS_SOURCE = ("Megatron-Bridge v0.6.0 (51885cf132b2) training/utils/flop_utils.py "
+                       "num_floating_point_operations, dense GPT")
+
+
+def padded_vocab_size(vocab: int, divisible_by: int = 128, tp: int = 1) -> int:
+    """The vocabulary Megatron pads to: the next multiple of ``divisible_by * tp``."""
+    if vocab <= 0 or divisible_by <= 0 or tp <= 0:
+        raise ValueError(f"padded_vocab_size: expected positive values, got {vocab=}, "
+                         f"{divisible_by=}, {tp=}")
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+def bridge_gpt_flops(*, batch: int, seq: int, layers: int, hidden: int, ffn_hidden: int,
+                     heads: int, kv_heads: int, head_dim: int, vocab: int, tp: int = 1,
+                     gated_linear_unit: bool = True, vocab_divisible_by: int = 128) -> float:
+    """Training FLOPs (forward + backward) of one step over ``batch`` sequences of ``seq``
+    tokens, counted as Bridge counts them for a dense GPT.
+
+    Every term is per token and multiplied by ``batch*seq``; each carries ``3*2``: forward
+    plus a backward of twice the forward, 2 FLOPs per multiply-add.
+
+    - MLP: ``6*hidden*ffn_hidden*E*layers``, ``E = 3`` projections with a gated linear unit
+      (SwiGLU), 2 without;
+    - attention projections: ``6*layers*(hidden*(q + 2*kv) + q*hidden)`` with
+      ``q = head_dim*heads`` and ``kv = head_dim*kv_heads`` (GQA shrinks K and V only);
+    - core attention: ``6*layers*q*seq`` (QK^T and PV, ``2*seq*q`` each, halved by the
+      causal mask);
+    - logits: ``6*hidden*padded_vocab``.
+    """
+    q = head_dim * heads
+    kv = head_dim * kv_heads
+    expansion = 3 if gated_linear_unit else 2
+    mlp = 6 * hidden * ffn_hidden * expansion * layers
+    attn = 6 * layers * (hidden * (q + 2 * kv) + q * hidden + q * seq)
+    logits = 6 * hidden * padded_vocab_size(vocab, vocab_divisible_by, tp)
+    return float(batch * seq * (mlp + attn + logits))

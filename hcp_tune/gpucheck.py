@@ -7,6 +7,9 @@ numerics proof passed (CP run against the no-CP run in the same dtype), the achi
 TFLOP/s stay under the profile's peak, and the backend ran (with the kernel TE selected).
 ``--cpu`` runs the same trials with the pure-torch reference on gloo (model tiny, a small
 sequence, bf16, so the proof is the same same-dtype comparison) and prints the same lines.
+Then, on GPUs, the Bridge step (``gpucheck_bridge``: a [2,2] trial and its [1,4] baseline
+as short Megatron-Bridge runs, one line each; ``--no-bridge`` skips it); ``--cpu`` says
+it was skipped.
 Exit 0 when every layout passes, 1 otherwise, 2 for bad arguments.
 """
 from __future__ import annotations
@@ -91,12 +94,20 @@ def verdict(spec: TrialSpec, res: TrialResult, mode: Mode) -> tuple[bool, str]:
         problems.append(f"backend {res.backend} ran, {mode.backend} was expected")
     if mode.backend == "te" and res.backend == "te" and not res.te_backend:
         problems.append("TE's selected backend was not recorded (NVTE_DEBUG log not seen)")
+    return verdict_line(f"gpu-check [{spec.a2a},{spec.p2p}] {spec.comm_type}", res, parts,
+                        problems)
+
+
+def verdict_line(label: str, res: TrialResult, parts: list[str], problems: list[str]
+                 ) -> tuple[bool, str]:
+    """PASS when the trial is ok and no check found a problem; else FAIL with the first
+    problem (the trial's own status and error when no check named one)."""
     if res.status != Status.OK and not problems:
         cls = f" ({res.failure_class.value})" if res.failure_class else ""
         problems.append(f"{res.status.value}{cls}: {res.error}")
     ok = res.status == Status.OK and not problems
-    line = (f"gpu-check [{spec.a2a},{spec.p2p}] {spec.comm_type}: {'PASS' if ok else 'FAIL'}  "
-            + " | ".join(parts) + ("" if ok else f"  -- {problems[0]}"))
+    line = (f"{label}: {'PASS' if ok else 'FAIL'}  " + " | ".join(parts)
+            + ("" if ok else f"  -- {problems[0]}"))
     return ok, line
 
 
@@ -115,6 +126,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seq", type=int, help=f"sequence length (default {GPU.seq}; "
                     f"{CPU.seq} with --cpu)")
     ap.add_argument("--workdir", help="where the ranks' logs go (default: a new temp folder)")
+    ap.add_argument("--no-bridge", action="store_true",
+                    help="skip the Bridge step (two short Megatron-Bridge runs; GPU mode only)")
     args = ap.parse_args(argv)
     mode = CPU if args.cpu else GPU
     mode = dataclasses.replace(mode, cluster=args.cluster or mode.cluster,
@@ -137,13 +150,20 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"model {mode.model}, seq {mode.seq}, {mode.dtype}, profile {mode.cluster}; "
           f"logs in {workdir}", flush=True)
     results = run_local_batch(specs, workdir=workdir)
-    passed = 0
-    for spec, res in zip(specs, results):
-        ok, line = verdict(spec, res, mode)
-        passed += ok
+    verdicts = [verdict(spec, res, mode) for spec, res in zip(specs, results)]
+    for _, line in verdicts:
         print(line, flush=True)
-    print(f"gpu-check: {passed}/{len(specs)} layouts pass")
-    return 0 if passed == len(specs) else 1
+    from hcp_tune import gpucheck_bridge
+
+    if mode.name == "cpu":
+        print(gpucheck_bridge.SKIPPED, flush=True)
+    elif not args.no_bridge:  # one verdict line per Bridge run (hcp_tune/gpucheck_bridge.py)
+        for ok_line in gpucheck_bridge.run(mode.cluster, workdir / "bridge"):
+            print(ok_line[1], flush=True)
+            verdicts.append(ok_line)
+    passed = sum(ok for ok, _ in verdicts)
+    print(f"gpu-check: {passed}/{len(verdicts)} layouts pass")
+    return 0 if passed == len(verdicts) else 1
 
 
 if __name__ == "__main__":

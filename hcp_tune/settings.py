@@ -26,7 +26,7 @@ SEQ_MAX = 2 ** 24  # 16,777,216 tokens, past the longest published CP runs (~10M
 MBS_MAX = 1024
 WORLD_MAX = 16384  # tp*cp*dp GPUs in one trial (plan lists every rank group: stays ~1 s)
 
-Runner = Literal["auto", "attention", "model", "bridge"]
+Runner = Literal["auto", "attention", "model", "bridge", "attention+bridge"]
 RUNNERS: tuple[str, ...] = typing.get_args(Runner)
 ExecutorName = Literal["slurm", "local", "auto"]
 EXECUTOR_NAMES: tuple[str, ...] = typing.get_args(ExecutorName)
@@ -66,7 +66,7 @@ class TopLevel:
 class RunnerConfig:
     """``runner=``: what a trial measures, and how long."""
 
-    name: Runner = _f("auto | attention | model | bridge")
+    name: Runner = _f("auto | attention | model | bridge | attention+bridge")
     backend: Literal["auto", "te", "torch"] = _f("attention backend on the job side")
     qkv_format: Literal["sbhd", "bshd"] = _f("TE's q/k/v layout (sbhd: what Megatron-Core trains with)")
     warmup_steps: int = _f("discarded steps before timing", min=0, max=1000)
@@ -74,6 +74,19 @@ class RunnerConfig:
     time_limit_s: float = _f("per trial, seconds")
     inject_fault: Optional[Literal["cp_off", "no_groups", "raise", "kill_rank", "hang_rank"]] = \
         _f("tests only: plant a failure the checks must catch")
+    recipe: Optional[str] = _f("runner=bridge: a Bridge recipe function to start from; "
+                               "null: a GPT built from the model profile's dimensions")
+    overrides: list[str] = _f("runner=bridge: Bridge KEY=VALUE overrides, applied last")
+    top_k: int = _f("runner=attention+bridge: the attention stage's best layouts Bridge "
+                    "measures", max=64)
+
+    def __post_init__(self) -> None:
+        from hcp_tune.job.bridge_config import BridgeConfigError, parse_overrides
+
+        try:
+            parse_overrides(list(self.overrides))
+        except BridgeConfigError as e:
+            raise ConfigError(str(e)) from None
 
 
 @dataclass(frozen=True, kw_only=True)

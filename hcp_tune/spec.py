@@ -40,6 +40,7 @@ class FailureClass(str, enum.Enum):
     COMM = "comm"  # communication timeout or a peer lost
     NUMERICS = "numerics"  # output differs from full attention
     ENVIRONMENT = "environment"  # missing/too old TE or Megatron-Core, no CUDA, ...
+    CONFIG = "config"  # the training framework refused the configuration (Bridge's checks)
     TIME_LIMIT = "time_limit"
     UNKNOWN = "unknown"
 
@@ -79,6 +80,10 @@ class TrialSpec:
     device: str = "any"  # cuda: the cluster profile promises GPUs, a node without is an error
     progress_path: Optional[str] = None  # per-step progress lines for early stopping
     env_tag: str = "default"
+    # runner=bridge only: a Bridge recipe function to start from (None: build the model from
+    # the dimensions above) and Bridge KEY=VALUE overrides applied last (job/bridge_config.py)
+    bridge_recipe: Optional[str] = None
+    bridge_overrides: list[str] = field(default_factory=list)
     # tests only: cp_off (no CP communication: each rank attends to its own chunks) |
     # no_groups (HCP groups never created) | raise | kill_rank (last rank exits mid-trial) |
     # hang_rank (last rank stops answering mid-trial: only the comm timeout ends the others)
@@ -192,6 +197,21 @@ _COMM_MARKERS = (
 _ENV_MARKERS = (
     "modulenotfounderror", "importerror", "no cuda", "cuda is not available",
     "found no nvidia driver", "transformer_engine", "older than",
+    # Megatron-Core's TE version asserts ("Transformer-Engine v1.11.0 must be >= 1.12.0 to
+    # support hierarchical cp commucation", "Only Transformer-Engine version >= 1.0.0 ...")
+    "transformer-engine",
+)
+# Megatron-Bridge v0.6.0 (51885cf132b2) ConfigContainer.validate and initialize.py, and
+# Megatron-Core's TransformerConfig: a configuration the framework refuses
+_CONFIG_MARKERS = (
+    "sequence length must be divisible by 2 * context parallel size",
+    "hierarchical_context_parallel_sizes must be set",
+    "product of hierarchical_context_parallel_sizes",
+    "must be divisible by the cp/sp collate padding multiple",
+    "is not divisible by total_model_size",
+    "decentralized process groups (use_decentralized_pg=true) do not support",
+    "must be a multiple of tensor_model_parallel_size",
+    "is not a configcontainer section", "in this bridge's configcontainer",
 )
 
 
@@ -215,6 +235,8 @@ def classify_error_text(text: str) -> FailureClass:
         return FailureClass.OOM
     if "time limit" in low:
         return FailureClass.TIME_LIMIT
+    if any(m in low for m in _CONFIG_MARKERS):
+        return FailureClass.CONFIG
     if any(m in low for m in _ENV_MARKERS):
         return FailureClass.ENVIRONMENT
     if any(m in low for m in _COMM_MARKERS):

@@ -97,7 +97,12 @@ def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any)
 
 def verified(evidence: dict[str, Any]) -> bool:
     """The trial proved CP active: its groups matched the plan and its output and
-    gradients matched single-process attention (hcp-facts.md section 4)."""
+    gradients matched single-process attention (hcp-facts.md section 4); for a Bridge
+    trial, every TE attention module held the planned groups at train start
+    (job/bridge_verify.py: ``cp_active``)."""
+    if "cp_active" in evidence:
+        cp = evidence["cp_active"] or {}
+        return bool(cp.get("checked")) and not cp.get("problems")
     return bool(evidence.get("groups", {}).get("match")) and bool(
         evidence.get("numerics", {}).get("passed"))
 

@@ -80,7 +80,7 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
         expected_groups=cand.groups.as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
         device=cfg.cluster.device,
         progress_path=str(progress_dir / f"{trial_id}.jsonl"), env_tag=cfg.env_tag,
-        inject_fault=r.inject_fault,
+        inject_fault=r.inject_fault, bridge_recipe=r.recipe, bridge_overrides=list(r.overrides),
     )
 
 

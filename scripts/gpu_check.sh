@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Check the GPU path: cp=4 trials of [4,1], [2,2], [1,4] with Transformer Engine on a node
-# with >= 4 GPUs; one verdict line per layout, non-zero exit on any failure.
+# with >= 4 GPUs; one verdict line per layout, non-zero exit on any failure. Then the Bridge
+# step: a [2,2] trial and its [1,4] p2p baseline as short Megatron-Bridge training runs of a
+# 2-layer Llama-3-8B-shaped model, one verdict line each (--no-bridge skips it; --cpu says
+# it was skipped: it needs GPUs, Megatron-Bridge and TE).
 #   scripts/gpu_check.sh            # TE on the GPUs (profile dgx-h100: --cluster NAME)
 #   scripts/gpu_check.sh --cpu      # the same trials with the torch reference on gloo
 # Works from any folder. Python: $PYTHON if set, else the repo's .venv, else python3.

@@ -94,3 +94,62 @@ def test_any_failed_layout_makes_the_exit_code_1(monkeypatch, capsys, tmp_path):
     assert gpucheck.main(["--cpu", "--workdir", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "gpu-check [4,1] a2a: FAIL" in out and out.strip().endswith("2/3 layouts pass")
+
+
+# ---------------------------------------------------------------- the Bridge step
+
+def _bridge_ok(**kw):
+    fields = dict(trial_id="b", status=Status.OK, backend="bridge", median_s=0.25,
+                  tflops_per_gpu=412.0,
+                  verification={"cp_active": {"checked": True, "problems": [], "found": [
+                      "rank 0: parallel_state CP group [0, 1, 2, 3], hierarchical groups "
+                      "[[0, 1], [0, 2]]; 2 module(s) cp_comm_type=a2a+p2p"]},
+                      "lm_loss": [11.9, 11.2, 10.4]})
+    fields.update(kw)
+    return TrialResult(**fields)
+
+
+def test_bridge_verdict_passes_with_every_part():
+    from hcp_tune.gpucheck_bridge import verdict
+
+    ok, line = verdict(_spec(), _bridge_ok())
+    assert ok
+    assert line == ("gpu-check bridge [2,2] a2a+p2p: PASS  CP active (rank 0: parallel_state CP "
+                    "group [0, 1, 2, 3], hierarchical groups [[0, 1], [0, 2]]) | median step "
+                    "0.25 s | 412 TFLOP/s/GPU <= peak 989 | lm loss 11.9 -> 10.4")
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(status=Status.INVALID, error="rank 0: x holds no CP group",
+          verification={"cp_active": {"checked": True, "problems": ["rank 0: x holds no CP group"]}}),
+     "-- rank 0: x holds no CP group"),
+    (dict(status=Status.INVALID, tflops_per_gpu=1937.0, error="achieved 1937.0 TFLOP/s"),
+     "-- achieved 1937.0 TFLOP/s"),
+    (dict(status=Status.FAILED, verification={}, error="EnvironmentProblem: runner=bridge: ..."),
+     "CP NOT proven"),
+])
+def test_bridge_verdict_fails_with_the_reason(change, reason):
+    from hcp_tune.gpucheck_bridge import verdict
+
+    ok, line = verdict(_spec(), _bridge_ok(**change))
+    assert not ok and "FAIL" in line and reason in line
+
+
+def test_bridge_specs_are_small_llama_at_cp4(tmp_path):
+    from hcp_tune.gpucheck_bridge import build_specs
+
+    a, b = build_specs("dgx-h100", tmp_path)
+    assert [(s.a2a, s.p2p, s.comm_type) for s in (a, b)] == [(2, 2, "a2a+p2p"), (1, 4, "p2p")]
+    assert a.runner == "bridge" and a.layers == 2 and (a.hidden, a.heads, a.kv_heads) == (4096, 32, 8)
+    assert a.expected_groups["a2a"] == [[0, 1], [2, 3]] and a.peak_tflops == 989
+
+
+def test_cpu_mode_says_the_bridge_step_is_skipped(monkeypatch, capsys, tmp_path):
+    from hcp_tune import gpucheck
+
+    monkeypatch.setattr("hcp_tune.launch.run_local_batch",
+                        lambda specs, workdir: [_ok(backend="torch", te_backend="") for _ in specs])
+    gpucheck.main(["--cpu", "--workdir", str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == ("gpu-check bridge: skipped (cpu mode): the Bridge step needs >= 4 GPUs "
+                       "and Megatron-Bridge with Transformer Engine")

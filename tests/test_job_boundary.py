@@ -7,7 +7,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_MODULES = ["dist", "groups", "ref_attention", "te_attention", "verify", "bench", "entry",
-               "payload"]
+               "payload", "bridge_config", "bridge_measure", "bridge_verify", "bridge_guard",
+               "bridge_runner"]
 
 # The libraries are made to look uninstalled: ``sys.modules[name] = None`` makes ``import name``
 # raise ImportError and ``importlib.util.find_spec(name)`` return None. (A meta-path finder that
@@ -54,7 +55,8 @@ def test_blocker_really_blocks():
 
 
 def test_job_package_lists_only_allowed_imports():
-    allowed = {"__future__", "dataclasses", "datetime", "importlib", "json", "math", "os",
+    allowed = {"__future__", "ast", "dataclasses", "datetime", "importlib", "inspect", "json",
+               "math", "os", "statistics",
                "platform", "re", "resource", "socket", "subprocess", "sys", "threading", "time",
                "typing",
                "pathlib", "logging", "packaging", "torch", "megatron", "transformer_engine", "submitit", "hcp_tune"}

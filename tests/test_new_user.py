@@ -100,7 +100,7 @@ def test_a_sweep_that_measured_nothing_exits_1_and_stored_failures_can_be_retrie
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
         "hcp-tune: error: search.retry='bogus': expected one of none, failed, oom, comm, "
-        "numerics, environment, time_limit, unknown, invalid, or a list of them"]
+        "numerics, environment, config, time_limit, unknown, invalid, or a list of them"]
 
     r = hcp(tmp_path, *SWEEP, "search.retry=failed")
     assert r.returncode == 0, r.stdout + r.stderr

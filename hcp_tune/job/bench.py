@@ -27,7 +27,7 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -110,3 +110,11 @@ def time_steps(step: Callable[[int], None], *, warmup: int, measure: int, device
     peak = torch.tensor([float(mem)], dtype=torch.float64, device=device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     return Timing([float(t) for t in slowest.tolist()][: len(times)], int(peak.item()), note)
+
+
+def over_peak(tflops_per_gpu: Optional[float], peak_tflops: Optional[float]) -> Optional[str]:
+    """Why a measurement beats physics (the second symptom of CP off), or None."""
+    if tflops_per_gpu is None or not peak_tflops or tflops_per_gpu <= peak_tflops:
+        return None
+    return (f"achieved {tflops_per_gpu:.1f} TFLOP/s per GPU exceeds the hardware peak "
+            f"{peak_tflops:.1f}: CP cannot be doing the full work")

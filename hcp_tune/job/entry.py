@@ -261,6 +261,10 @@ def _teardown_groups(before: frozenset, device, *, clean: bool) -> None:
 
 def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) -> TrialResult:
     """Run one trial on this rank; never raises for a trial failure."""
+    if spec.runner == "bridge":  # a Bridge training run: job/bridge_runner.py
+        from hcp_tune.job.bridge_runner import run_bridge_trial
+
+        return run_bridge_trial(spec, env=env)
     t0 = time.monotonic()
     res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, world_size=spec.world_size)
     created = False
@@ -321,10 +325,9 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) ->
         res.verification["flops"] = (
             "causal attention fwd = 4*mbs*seq^2*heads*head_dim/2, bwd = 2.5*fwd "
             "(FlashAttention convention), per GPU = total/(cp*tp)")
-        if spec.peak_tflops and res.tflops_per_gpu > spec.peak_tflops:
-            res.status = Status.INVALID
-            res.error = (f"achieved {res.tflops_per_gpu:.1f} TFLOP/s per GPU exceeds the hardware "
-                         f"peak {spec.peak_tflops:.1f}: CP cannot be doing the full work")
+        too_fast = bench.over_peak(res.tflops_per_gpu, spec.peak_tflops)
+        if too_fast:
+            res.status, res.error = Status.INVALID, too_fast
             return res
         res.status = Status.OK
         return res
@@ -353,7 +356,15 @@ def run_trials(specs: list[TrialSpec]) -> list[TrialResult]:
     """
     out: list[TrialResult] = []
     broken: Optional[TrialResult] = None
+    bridge_ran: Optional[str] = None
     for spec in specs:
+        if spec.runner == "bridge" and bridge_ran is not None:
+            out.append(TrialResult(  # bridge_runner.py: Bridge sets up global state per run
+                trial_id=spec.trial_id, status=Status.SKIPPED, world_size=spec.world_size,
+                error=f"not run: Bridge trials run one per process ({bridge_ran} ran here)"))
+            continue
+        if spec.runner == "bridge":
+            bridge_ran = spec.trial_id
         if broken is not None:
             out.append(TrialResult(
                 trial_id=spec.trial_id, status=Status.SKIPPED, world_size=spec.world_size,
