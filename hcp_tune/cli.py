@@ -30,6 +30,10 @@ commands:
             e.g. recommend cluster=local model=tiny cp=4 seq=2048
   trial     run one layout once on this machine and print its result
             e.g. trial cp=4 seq=2048 model=tiny cluster=local a2a=2
+  regress   compare two env tags' stored trials (ratios, intervals, verdicts; exit 1 if flagged)
+            e.g. regress baseline=te-2.9 candidate=te-2.10 results_dir=results
+  report    an HTML page of a sweep's results (time vs memory, Pareto front, spreads)
+            e.g. report results_dir=results env_tag=te-2.9
 
 overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] cluster=dgx-h200
 model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true
@@ -282,6 +286,8 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "recommend": cmd_recommend,
     "trial": cmd_trial,
     "predict": cmd_predict,
+    "regress": lambda args: __import__("hcp_tune.regress_cli").regress_cli.cmd_regress(args),
+    "report": lambda args: __import__("hcp_tune.regress_cli").regress_cli.cmd_report(args),
 }
 
 
