@@ -70,10 +70,10 @@ def regress_page(report: Report) -> str:
             body.append("<p>no layout measured under both tags</p>")
             continue
         rows = [f"{c.layout} {c.comm_type}" for c in k.layouts]
-        bound = max(c.bound for c in k.layouts)
         ratio = svg.RowsChart(
-            "ratio", rows, f"step time ratio {o.candidate} / {o.baseline} (95% CI)",
-            ["ratio"], band=(1 - bound, 1 + bound), vlines=[(1.0, "no change")])
+            "ratio", rows, f"step time ratio {o.candidate} / {o.baseline} (95% CI; green: "
+            "not flagged)", ["ratio"], vlines=[(1.0, "no change")],
+            bands=[(i, 1 - c.bound, 1 + c.bound) for i, c in enumerate(k.layouts)])
         for i, c in enumerate(k.layouts):
             if c.ratio is not None:
                 ratio.marks.append(svg.Mark(

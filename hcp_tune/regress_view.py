@@ -55,24 +55,26 @@ def summary_line(report: Report) -> str:
 
 
 def print_report(report: Report, written: list[str]) -> None:
-    from rich.console import Console
+    """One rich table per key (the key is its title), then plain lines a script can grep."""
     from rich.table import Table
 
-    console = Console()
+    from hcp_tune.ui import console
+
+    out = console()
     o = report.options
-    for k in report.keys:  # one table per key: the key is its title, not a column
+    for k in report.keys:
         table = Table(title=f"{o.baseline} -> {o.candidate}: {k.name}")
         for h in HEADERS[1:]:
             table.add_column(h)
         for c in k.layouts:
             table.add_row(*cells(c)[1:], style="bold red" if c.flagged else None)
-        console.print(table)
-    for line in winner_lines(report) + report.warnings:
-        console.print(f"[yellow]{line}[/yellow]", highlight=False)
-    console.print(f"method: {METHOD}", highlight=False, soft_wrap=True)
-    console.print(summary_line(report), highlight=False)
+        out.print(table)
+    for line in winner_lines(report) + [f"warning: {w}" for w in report.warnings]:
+        print(line)
+    print(f"method: {METHOD}")
+    print(summary_line(report))
     for path in written:
-        console.print(f"wrote {path}", highlight=False)
+        print(f"wrote {path}")
 
 
 def _md_escape(text: str) -> str:

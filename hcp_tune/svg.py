@@ -65,7 +65,7 @@ class RowsChart:
     series: list[str]
     marks: list[Mark] = field(default_factory=list)
     vlines: list[tuple[float, str]] = field(default_factory=list)  # (x, label)
-    band: Optional[tuple[float, float]] = None
+    bands: list[tuple[int, float, float]] = field(default_factory=list)  # (row, lo, hi)
     width: int = 640
     row_h: int = 26
 
@@ -83,10 +83,11 @@ def rows_chart(chart: RowsChart) -> str:
            f'width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img">',
            f'<rect x="{left}" y="{top}" width="{w - left - right}" '
            f'height="{h - top - bottom}" fill="#fafafa" stroke="#ccc"/>']
-    if chart.band:
-        b0, b1 = (max(lo, chart.band[0]), min(hi, chart.band[1]))
-        out.append(f'<rect x="{sx(b0):.1f}" y="{top}" width="{max(0, sx(b1) - sx(b0)):.1f}" '
-                   f'height="{h - top - bottom}" fill="#e8f0e8"><title>within bound</title></rect>')
+    for row, b0, b1 in chart.bands:
+        b0, b1 = max(lo, b0), min(hi, b1)
+        out.append(f'<rect class="band" x="{sx(b0):.1f}" y="{top + chart.row_h * row + 2}" '
+                   f'width="{max(0, sx(b1) - sx(b0)):.1f}" height="{chart.row_h - 4}" '
+                   'fill="#dcebdc"><title>not flagged inside this band</title></rect>')
     for t in ticks(lo, hi):
         out.append(f'<line x1="{sx(t):.1f}" y1="{h - bottom}" x2="{sx(t):.1f}" '
                    f'y2="{h - bottom + 4}" stroke="#555"/><text x="{sx(t):.1f}" '
@@ -112,7 +113,8 @@ def rows_chart(chart: RowsChart) -> str:
         else:
             out.append(f'<circle class="mark" cx="{sx(m.x):.1f}" cy="{y:.1f}" r="4" '
                        f'fill="{col}" fill-opacity="0.75">{tip}</circle>')
-    out += _legend(chart.series, left, 14)
+    if len(chart.series) > 1:  # one series needs no legend (its name is the axis label)
+        out += _legend(chart.series, left, 14)
     out.append("</svg>")
     return "\n".join(out)
 
