@@ -76,8 +76,8 @@ class Options:
     def __post_init__(self) -> None:
         for name in ("threshold", "mem_threshold"):
             value = getattr(self, name)
-            if not 0 <= value < 1:
-                raise RegressError(f"{name}={value}: expected a fraction in [0, 1), e.g. 0.05")
+            if not 0 <= value < math.inf:
+                raise RegressError(f"{name}={value}: expected a fraction >= 0 (0.05 is 5%)")
         if self.baseline == self.candidate:
             raise RegressError(f"baseline={self.baseline} and candidate={self.candidate} are the "
                                "same tag: compare two env tags")
