@@ -244,6 +244,11 @@ def cmd_recommend(args: list[str]) -> int:
             "env_tag": cfg.env_tag if "env_tag" in given else None}
     recs = ResultStore(cfg.results_dir).recommendations()
     rec, near = recommend.answer(recs, want)
+    if rec:  # a row measured with HCP_TUNE_INJECT_DELAY is a test, never a recommendation
+        from hcp_tune.regress import injected_warnings, same_key
+
+        for line in injected_warnings(same_key(ResultStore(cfg.results_dir).rows(), rec)):
+            print(f"recommend: warning: {line}", file=sys.stderr)
     predicted = None
     if rec is None:
         from hcp_tune import predict

@@ -318,6 +318,12 @@ def _keys_text(groups: dict) -> str:
     return "; ".join(key_text(k) for k in sorted(groups, key=str)) or "no keys"
 
 
+def same_key(rows: list[dict[str, Any]], key: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of one sweep key (``key`` holds the key fields, as a recommendation does)."""
+    fields = (*COMPARED, "env_tag")
+    return [r for r in rows if all(str(r.get(k)) == str(key.get(k)) for k in fields)]
+
+
 def injected_warnings(rows: list[dict[str, Any]]) -> list[str]:
     """One line per tag whose rows carry an injected delay (HCP_TUNE_INJECT_DELAY)."""
     found: dict[str, dict[str, int]] = {}

@@ -260,3 +260,15 @@ def test_regress_and_report_do_not_import_torch_or_pandas(results, command):
                 if line.startswith("import time:")}
     assert "hcp_tune" in imported  # the check sees our own imports
     assert not {"torch", "megatron", "pandas"} & imported
+
+
+def test_recommend_warns_about_rows_with_an_injected_delay(tmp_path):
+    from hcp_tune.store import ResultStore
+
+    res = store(tmp_path / "res", rows_for("t", 2, 2, BASE, fp={**FP, "inject_delay": "a2a:1"}))
+    ResultStore(res).rebuild()
+    r = run("recommend", "cluster=local", "model=tiny", "cp=4", "seq=4096", "env_tag=t",
+            f"results_dir={res}")
+    assert r.returncode == 0, r.stderr
+    assert ("recommend: warning: t: 3 trial(s) ran with an injected delay "
+            "(HCP_TUNE_INJECT_DELAY=a2a:1)") in r.stderr
