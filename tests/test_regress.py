@@ -272,3 +272,22 @@ def test_recommend_warns_about_rows_with_an_injected_delay(tmp_path):
     assert r.returncode == 0, r.stderr
     assert ("recommend: warning: t: 3 trial(s) ran with an injected delay "
             "(HCP_TUNE_INJECT_DELAY=a2a:1)") in r.stderr
+
+
+def test_te_regression_preset_measures_every_layout_three_times():
+    from hcp_tune import config
+
+    cfg = config.load(["sweeps=te_regression"])
+    assert cfg.search.repeats == MIN_TRIALS and cfg.search.early_stop is False
+    assert cfg.runner.name == "attention" and len(cfg.seqs) >= 2
+    script = (REPO / "scripts" / "te_regression.sh").read_text()
+    assert "MODELS=(llama3-8b llama2-7b)" in script and "CPS=(4 16)" in script
+    gqa, mha = (config.load(["sweeps=te_regression", f"model={m}"]).model
+                for m in ("llama3-8b", "llama2-7b"))
+    assert gqa.kv_heads < gqa.heads and mha.kv_heads == mha.heads
+
+
+def test_te_regression_script_needs_an_env_tag():
+    r = subprocess.run([str(REPO / "scripts" / "te_regression.sh")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "usage: " in r.stderr and "env_tag=NAME" in r.stderr
