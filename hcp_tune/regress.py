@@ -273,9 +273,13 @@ def compare(rows: list[dict[str, Any]], opts: Options) -> Report:
         raise RegressError(
             f"no common keys: {opts.baseline} has {_keys_text(base)}; "
             f"{opts.candidate} has {_keys_text(cand)}")
-    too_few, keys = [], []
+    too_few, keys, one_sided = [], [], []
     for key in common:
         layouts = []
+        for a2a in sorted(set(base[key]) ^ set(cand[key])):
+            only = base[key].get(a2a) or cand[key][a2a]
+            one_sided.append(f"{key_text(key)} [{only[0]['a2a']},{only[0]['p2p']}] "
+                             f"({only[0].get('env_tag')} only)")
         for a2a in sorted(set(base[key]) & set(cand[key])):
             nb = sum(usable(r) for r in base[key][a2a])
             nc = sum(usable(r) for r in cand[key][a2a])
@@ -306,6 +310,12 @@ def compare(rows: list[dict[str, Any]], opts: Options) -> Report:
     chosen = [r for r in rows if r.get("env_tag") in (opts.baseline, opts.candidate)
               and tuple(r.get(k) for k in COMPARED) in set(common)]
     report.warnings = injected_warnings(chosen) + drift_warnings(chosen)
+    uncompared = sorted(set(base) ^ set(cand), key=str)
+    if uncompared or one_sided:
+        report.warnings.append(
+            "not compared (measured under one tag only): " + "; ".join(
+                [f"{key_text(k)} ({opts.baseline if k in base else opts.candidate} only)"
+                 for k in uncompared] + one_sided))
     return report
 
 
@@ -340,8 +350,8 @@ def injected_warnings(rows: list[dict[str, Any]]) -> list[str]:
 def _flat(fp: dict[str, Any]) -> dict[str, str]:
     out = {}
     for k, v in fp.items():
-        if k in IGNORED_FINGERPRINT:
-            continue
+        if k in IGNORED_FINGERPRINT or v is None:
+            continue  # None and absent (a row from an older job) both read "unset"
         if isinstance(v, dict):
             for sk, sv in v.items():
                 out[f"{k}.{sk}"] = str(sv)

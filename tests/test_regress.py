@@ -291,3 +291,21 @@ def test_te_regression_script_needs_an_env_tag():
     r = subprocess.run([str(REPO / "scripts" / "te_regression.sh")], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "usage: " in r.stderr and "env_tag=NAME" in r.stderr
+
+
+def test_keys_and_layouts_measured_under_one_tag_only_are_named():
+    rows = (rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, BASE)
+            + rows_for("old", 4, 1, BASE) + rows_for("new", 2, 2, BASE, seq=8192))
+    rep = compare(rows, OPTS)
+    assert rep.warnings == [
+        "not compared (measured under one tag only): cluster=local model=tiny tp=1 cp=4 "
+        "seq=8192 runner=attention (new only); cluster=local model=tiny tp=1 cp=4 seq=4096 "
+        "runner=attention [4,1] (old only)"]
+    assert rep.exit_code == 0
+
+
+def test_a_missing_field_and_none_are_the_same_fingerprint():
+    old_job = {k: v for k, v in FP.items() if k not in ("settings", "inject_delay")}
+    rows = rows_for("old", 2, 2, BASE[:2]) + rows_for("old", 2, 2, BASE[2:], fp=old_job) + (
+        rows_for("new", 2, 2, BASE))
+    assert compare(rows, OPTS).warnings == []
