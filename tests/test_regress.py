@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from regress_rows import FP, row, rows_for, store  # noqa: E402
+from regress_rows import FP, rows_for, store  # noqa: E402
 
 from hcp_tune.regress import (  # noqa: E402
     MIN_TRIALS, Options, RegressError, bootstrap_ratio_ci, compare,
