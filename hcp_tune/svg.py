@@ -102,7 +102,8 @@ def rows_chart(chart: RowsChart) -> str:
         out.append(f'<text x="{left - 8}" y="{top + chart.row_h * (i + 0.5) + 4:.1f}" '
                    f'text-anchor="end" {FONT}>{esc(name)}</text>')
     for m in chart.marks:
-        y, col = sy(m.row, m.series), COLOURS[m.series % len(COLOURS)]
+        # a tick marks a value on the line of series 0's points (a median among its steps)
+        y, col = sy(m.row, 0 if m.shape == "tick" else m.series), COLOURS[m.series % len(COLOURS)]
         tip = f"<title>{esc(m.title)}</title>" if m.title else ""
         if m.lo is not None and m.hi is not None:
             out.append(f'<line class="interval" x1="{sx(m.lo):.1f}" y1="{y:.1f}" '
