@@ -13,6 +13,7 @@ from typing import Callable
 from hcp_tune.errors import (
     EXIT_FINDINGS, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ConfigError, HcpError,
 )
+from hcp_tune.regress_cli import cmd_regress, cmd_report  # stdlib-light: no torch, no pandas
 
 USAGE = """\
 usage: python -m hcp_tune COMMAND [key=value ...]
@@ -291,8 +292,8 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "recommend": cmd_recommend,
     "trial": cmd_trial,
     "predict": cmd_predict,
-    "regress": lambda args: __import__("hcp_tune.regress_cli").regress_cli.cmd_regress(args),
-    "report": lambda args: __import__("hcp_tune.regress_cli").regress_cli.cmd_report(args),
+    "regress": cmd_regress,
+    "report": cmd_report,
 }
 
 

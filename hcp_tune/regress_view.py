@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from hcp_tune.noise import percentile
 from hcp_tune.regress import METHOD, LayoutComparison, Report, key_text
 
 HEADERS = ("key", "layout", "trials b/c", "baseline s", "candidate s", "ratio", "95% CI",
@@ -27,7 +28,7 @@ def verdict_text(c: LayoutComparison) -> str:
 
 
 def cells(c: LayoutComparison) -> list[str]:
-    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731 (display only)
+    med = lambda xs: percentile(xs, 50) if xs else None  # noqa: E731
     lo, hi = c.ci
     return [key_text(c.key), f"{c.layout} {c.comm_type}", f"{len(c.base_s)}/{len(c.cand_s)}",
             fmt(med(c.base_s)), fmt(med(c.cand_s)), fmt(c.ratio, ".3f"),
