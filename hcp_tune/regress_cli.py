@@ -33,8 +33,8 @@ def _number(args: dict[str, str], key: str, default, kind=float):
     try:
         return kind(args.get(key, default))
     except ValueError:
-        raise RegressError(f"{key}={args[key]!r}: expected a {kind.__name__}, e.g. "
-                           f"{key}={default}") from None
+        what = "an integer" if kind is int else "a number"
+        raise RegressError(f"{key}={args[key]!r}: expected {what}, e.g. {key}={default}") from None
 
 
 def _rows(results_dir: Path) -> list[dict]:

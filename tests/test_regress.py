@@ -218,13 +218,14 @@ def test_cli_no_regression_exits_0(results):
      "unknown env tag(s) nope; tags with stored trials: few, new, old"),
     (["baseline=old", "candidate=few"], "too few trials: regress needs >= 3"),
     (["baseline=old"], "regress needs candidate=TAG"),
-    (["baseline=old", "candidate=new", "threshold=big"], "threshold='big': expected a float"),
+    (["baseline=old", "candidate=new", "threshold=big"], "threshold='big': expected a number, e.g. threshold=0.05"),
     (["baseline=old", "candidate=new", "threshold=-2"], "threshold=-2.0: expected a fraction"),
     (["baseline=old", "candidate=new", "colour=red"],
      "colour=red: regress takes key=value arguments: baseline, candidate"),
     (["baseline=old", "candidate=new", "model=llama3-8b"],
      "unknown env tag(s) old, new (with model=llama3-8b)"),
     (["baseline=old", "candidate=old"], "are the same tag"),
+    (["baseline=old", "candidate=new", "seed=x"], "seed='x': expected an integer, e.g. seed=0"),
 ])
 def test_cli_bad_input_exits_2_with_one_line_and_nothing_written(results, args, message):
     r = run("regress", *args, f"results_dir={results}")
