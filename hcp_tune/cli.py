@@ -13,6 +13,7 @@ from typing import Callable
 from hcp_tune.errors import (
     EXIT_FINDINGS, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ConfigError, HcpError,
 )
+from hcp_tune.regress_cli import cmd_regress, cmd_report  # stdlib-light: no torch, no pandas
 
 USAGE = """\
 usage: python -m hcp_tune COMMAND [key=value ...]
@@ -30,6 +31,10 @@ commands:
             e.g. recommend cluster=local model=tiny cp=4 seq=2048
   trial     run one layout once on this machine and print its result
             e.g. trial cp=4 seq=2048 model=tiny cluster=local a2a=2
+  regress   compare two env tags' stored trials (ratios, intervals, verdicts; exit 1 if flagged)
+            e.g. regress baseline=te-2.9 candidate=te-2.10 results_dir=results
+  report    an HTML page of a sweep's results (time vs memory, Pareto front, spreads)
+            e.g. report results_dir=results env_tag=te-2.9
 
 overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] cluster=dgx-h200
 model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true
@@ -245,6 +250,11 @@ def cmd_recommend(args: list[str]) -> int:
             "env_tag": cfg.env_tag if "env_tag" in given else None}
     recs = ResultStore(cfg.results_dir).recommendations()
     rec, near = recommend.answer(recs, want)
+    if rec:  # a row measured with HCP_TUNE_INJECT_DELAY is a test, never a recommendation
+        from hcp_tune.regress import injected_warnings, same_key
+
+        for line in injected_warnings(same_key(ResultStore(cfg.results_dir).rows(), rec)):
+            print(f"recommend: warning: {line}", file=sys.stderr)
     predicted = None
     if rec is None:
         from hcp_tune import predict
@@ -287,6 +297,8 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "recommend": cmd_recommend,
     "trial": cmd_trial,
     "predict": cmd_predict,
+    "regress": cmd_regress,
+    "report": cmd_report,
 }
 
 

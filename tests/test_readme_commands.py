@@ -136,6 +136,19 @@ def gpu_profile_sweep(r, cwd):
         assert "PREDICTED" in r.stdout
 
 
+def regress_without_those_tags(r, cwd):
+    """README: `regress baseline=te-2.9 candidate=te-2.10` in a folder where only the
+    README's CPU sweep (env_tag=default) was measured: the documented bad-input exit."""
+    assert r.returncode == 2, f"exit {r.returncode}"
+    assert ("unknown env tag(s) te-2.9, te-2.10; tags with stored trials: default"
+            in r.stderr), r.stderr
+
+
+def report_page(r, cwd):
+    assert r.returncode == 0, f"exit {r.returncode}"
+    assert "<svg" in (cwd / "results" / "report.html").read_text()
+
+
 def calibrated(r, cwd):
     assert r.returncode == 0, f"exit {r.returncode}"
     assert list((cwd / "results" / "calibration").glob("*.json"))
@@ -161,6 +174,9 @@ MAPPINGS = {
     "python -m hcp_tune trial cp=4 seq=2048 model=tiny cluster=local a2a=2": Mapping(
         ok_trial, SMALL, FAST),
     "python -m hcp_tune.calibrate rows.jsonl results_dir=results": Mapping(calibrated),
+    "python -m hcp_tune regress baseline=te-2.9 candidate=te-2.10": Mapping(
+        regress_without_those_tags),
+    "python -m hcp_tune report": Mapping(report_page),
 }
 
 

@@ -11,7 +11,9 @@ FLOPs convention (causal self-attention, one layer, forward + backward):
 So a step's model FLOPs are 3.5 * forward. Softmax and elementwise work are not counted,
 as usual; the achieved rate is model FLOPs per GPU divided by the median step time.
 
-Timing: warm-up steps are discarded (allocator, communicators, kernel selection). Before
+Timing: warm-up steps are discarded (allocator, communicators, kernel selection); every
+measured step after them is the steady window, and the trial's statistic is the median of
+that window (``summarize``; ``regress`` compares these per-trial medians). Before
 each step all ranks meet in a tiny all-reduce that also carries the stop flag (rank 0's
 time limit), so every rank agrees when to stop; it sits outside the timed region. Each
 step is timed with device synchronisation (CUDA events on GPU, perf_counter on CPU); the

@@ -121,6 +121,7 @@ def fingerprint(env, device) -> dict:
     import torch
     import torch.distributed as dist
 
+    from hcp_tune.job import knobs
     from hcp_tune.job.te_attention import te_version
 
     def dist_version(name):
@@ -141,6 +142,8 @@ def fingerprint(env, device) -> dict:
         "megatron_bridge": dist_version("megatron-bridge") or dist_version("megatron_bridge"),
         "cuda": torch.version.cuda,
         "gpu": None, "driver": None, "nccl": None,
+        "settings": knobs.settings(),  # NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS, NVTE_*
+        "inject_delay": knobs.injected_delay(),  # a testing aid: never a real measurement
     }
     if device.type == "cuda":
         fp["gpu"] = torch.cuda.get_device_name(device)

@@ -29,6 +29,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from hcp_tune.job.knobs import comm_delay
+
 
 @dataclass(frozen=True)
 class Ring:
@@ -110,6 +112,7 @@ def _block_backward(q, k, v, dout, lse, delta, scale, rel):
 
 def _exchange(send: torch.Tensor, ring: Ring):
     """Start passing ``send`` to the next ring member and receiving from the previous one."""
+    comm_delay("p2p")  # HCP_TUNE_INJECT_DELAY=p2p:S (a testing aid, off by default)
     recv = torch.empty_like(send)
     nxt = ring.ranks[(ring.index + 1) % ring.size]
     prv = ring.ranks[(ring.index - 1) % ring.size]
@@ -215,6 +218,7 @@ def _seq_to_head(x: torch.Tensor, group, a: int) -> torch.Tensor:
     b, s, h, d = x.shape
     send = x.reshape(b, s, a, h // a, d).permute(2, 0, 1, 3, 4).contiguous()
     recv = torch.empty_like(send)
+    comm_delay("a2a")  # HCP_TUNE_INJECT_DELAY=a2a:S (a testing aid, off by default)
     dist.all_to_all_single(recv, send, group=group)  # recv[m]: member m's tokens
     half = s // 2
     first = [recv[m, :, :half] for m in range(a)]  # chunks ka .. ka+a-1
@@ -230,6 +234,7 @@ def _head_to_seq(y: torch.Tensor, group, a: int) -> torch.Tensor:
     second = y[:, s2 // 2 :].reshape(b, a, half, hh, d).flip(1)
     send = torch.cat([first, second], dim=2).transpose(0, 1).contiguous()  # [a, b, S, hh, d]
     recv = torch.empty_like(send)
+    comm_delay("a2a")
     dist.all_to_all_single(recv, send, group=group)  # recv[m]: my tokens, member m's heads
     return recv.permute(1, 2, 0, 3, 4).reshape(b, 2 * half, a * hh, d)
 
