@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hcp_tune.cluster import ClusterProfile
-from hcp_tune.costmodel import FIT_FIELDS, FIT_START, CostParams, predict, predict_attention_layer
+from hcp_tune.costmodel import (
+    FIT_FIELDS, FIT_START, CostParams, Prediction, predict, predict_attention_layer,
+)
 from hcp_tune.layout import Candidate, Layout, rank_groups
 from hcp_tune.model import ModelSpec
 from hcp_tune.spec import atomic_write_text
@@ -76,9 +78,10 @@ def _resolve(rows, clusters, models) -> list[tuple[ModelSpec, ClusterProfile, Ca
         if model is None and r.get("model") not in models or name not in clusters:
             from hcp_tune import config  # Hydra: only when a profile must be read from conf/
 
-            loaded = config.load([f"cluster={name}"] + ([f"model={r['model']}"] if "model" in r else []))
+            by_name = model is None and "model" in r  # dims in the row need no model file
+            loaded = config.load([f"cluster={name}"] + ([f"model={r['model']}"] if by_name else []))
             clusters.setdefault(name, loaded.cluster)
-            if "model" in r:
+            if by_name:
                 models.setdefault(r["model"], loaded.model)
         model = model or models[r["model"]]
         cluster = clusters[name]
@@ -91,18 +94,28 @@ def _resolve(rows, clusters, models) -> list[tuple[ModelSpec, ClusterProfile, Ca
     return out
 
 
-def _predictor(row: dict) -> Callable:
-    return predict if row.get("runner", "attention") == "bridge" else predict_attention_layer
+PASSES = ("fwd+bwd", "fwd")  # a row's "passes": what was timed (published tables: often "fwd")
+
+
+def predict_row(model: ModelSpec, cluster: ClusterProfile, cand: Candidate, row: dict,
+                params: CostParams) -> Prediction:
+    """The prediction a measured row is compared with: ``predict`` for a ``runner=bridge``
+    row, else one attention layer, forward only when the row says ``passes: fwd``."""
+    passes = row.get("passes", "fwd+bwd")
+    if passes not in PASSES:
+        raise ValueError(f"row passes={passes!r}: expected one of {', '.join(PASSES)}")
+    kw = dict(mbs=int(row.get("mbs", 1)), dtype=row.get("dtype", "bf16"), params=params)
+    if row.get("runner", "attention") == "bridge":
+        if passes == "fwd":
+            raise ValueError("row passes='fwd' with runner=bridge: a training step has a backward")
+        return predict(model, cluster, cand, **kw)
+    return predict_attention_layer(model, cluster, cand, forward_only=passes == "fwd", **kw)
 
 
 def _errors(resolved, params: CostParams) -> list[float]:
     """log(predicted / measured) per row."""
-    out = []
-    for model, cluster, cand, r in resolved:
-        pred = _predictor(r)(model, cluster, cand, mbs=int(r.get("mbs", 1)),
-                             dtype=r.get("dtype", "bf16"), params=params)
-        out.append(math.log(pred.step_time_s / float(r["median_s"])))
-    return out
+    return [math.log(predict_row(model, cluster, cand, r, params).step_time_s / float(r["median_s"]))
+            for model, cluster, cand, r in resolved]
 
 
 def _free_fields(resolved) -> tuple[str, ...]:
@@ -114,6 +127,13 @@ def _free_fields(resolved) -> tuple[str, ...]:
         fields.remove("intra_bw_efficiency")
     if any(cluster.peak_bf16_tflops is not None for _, cluster, _, _ in resolved):
         fields.remove("cpu_share_exponent")  # GPU rows: each rank has its own device
+    rings = [(c.layout.p2p > 1, cl.hbm_bw_gbs is not None) for _, cl, c, _ in resolved]
+    if not any(ring for ring, _ in rings):
+        fields.remove("ring_step_overhead_us")
+    if not any(ring and hbm for ring, hbm in rings):
+        fields.remove("ring_merge_bytes_per_element")  # no ring, or no hbm_bw_gbs: no term
+    if not any(c.layout.a2a > 1 for _, _, c, _ in resolved):
+        fields.remove("small_message_half_bytes")
     return tuple(fields)
 
 
