@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hcp_tune.calibrate import _resolve, predict_row
+from hcp_tune.calibrate import _resolve, predict_row, split_key
 from hcp_tune.costmodel import CostParams
 
 
@@ -60,13 +60,17 @@ class KeyAgreement:
         return t[self.predicted_order[0]] / min(self.measured_s) - 1.0
 
 
+def keys_of(rows: list[dict], *, clusters=None, models=None) -> list[str]:
+    """The key of each row (rows of one key are the splits the model must order)."""
+    return [split_key(*x) for x in _resolve(rows, clusters, models)]
+
+
 def agreement(rows: list[dict], params: CostParams = CostParams(), *, clusters=None,
               models=None) -> list[KeyAgreement]:
     """Per key of ``rows`` (one cluster and env tag), in the order the keys first appear."""
     keys: dict[str, list] = {}
     for model, cluster, cand, r in _resolve(rows, clusters, models):
-        key = (f"{cluster.name} seq={cand.seq} heads={model.heads}({model.kv_heads}) "
-               f"d={model.head_dim} tp={cand.tp} cp={cand.cp} {r.get('passes', 'fwd+bwd')}")
+        key = split_key(model, cluster, cand, r)
         pred = predict_row(model, cluster, cand, r, params).step_time_s
         keys.setdefault(key, []).append((cand.layout.a2a, float(r["median_s"]), pred))
     out = []

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from hcp_tune.cluster import ClusterProfile
 from hcp_tune.costmodel import (
-    FIT_FIELDS, FIT_START, CostParams, Prediction, predict, predict_attention_layer,
+    FIT_FIELDS, FIT_MAX_GPU, FIT_START, CostParams, Prediction, predict, predict_attention_layer,
 )
 from hcp_tune.layout import Candidate, Layout, rank_groups
 from hcp_tune.model import ModelSpec
@@ -32,6 +32,7 @@ from hcp_tune.spec import atomic_write_text
 
 BOUND_LOG = math.log(1e4)  # a fitted parameter stays within 1e4x of where it started
 N_STARTS = 3  # Nelder-Mead runs from the defaults and from seeded perturbations of them
+ROBUST_SCALE = 0.1  # log error (~10%) beyond which a row's pull on the fit grows only linearly
 PRIOR_WEIGHT = 1e-6  # pull (per squared log-ratio) towards the defaults: keeps unseen params put
 
 
@@ -112,10 +113,27 @@ def predict_row(model: ModelSpec, cluster: ClusterProfile, cand: Candidate, row:
     return predict_attention_layer(model, cluster, cand, forward_only=passes == "fwd", **kw)
 
 
+def split_key(model: ModelSpec, cluster: ClusterProfile, cand: Candidate, row: dict) -> str:
+    """The key whose rows are the splits of one problem (same dims, tp, cp, seq, passes)."""
+    return (f"{cluster.name} seq={cand.seq} heads={model.heads}({model.kv_heads}) "
+            f"d={model.head_dim} tp={cand.tp} cp={cand.cp} {row.get('passes', 'fwd+bwd')}")
+
+
 def _errors(resolved, params: CostParams) -> list[float]:
-    """log(predicted / measured) per row."""
-    return [math.log(predict_row(model, cluster, cand, r, params).step_time_s / float(r["median_s"]))
+    """log(predicted / measured) per row. Rows marked ``"compare": "within_key"`` (a table
+    whose keys' absolute levels are not comparable, e.g. an uncertain sequence length) are
+    centred on their key's mean: only the ratios between a key's splits count."""
+    errs = [math.log(predict_row(model, cluster, cand, r, params).step_time_s / float(r["median_s"]))
             for model, cluster, cand, r in resolved]
+    groups: dict[str, list[int]] = {}
+    for i, (model, cluster, cand, r) in enumerate(resolved):
+        if r.get("compare") == "within_key":
+            groups.setdefault(split_key(model, cluster, cand, r), []).append(i)
+    for idx in groups.values():
+        mean = sum(errs[i] for i in idx) / len(idx)
+        for i in idx:
+            errs[i] -= mean
+    return errs
 
 
 def _free_fields(resolved) -> tuple[str, ...]:
@@ -127,6 +145,10 @@ def _free_fields(resolved) -> tuple[str, ...]:
         fields.remove("intra_bw_efficiency")
     if any(cluster.peak_bf16_tflops is not None for _, cluster, _, _ in resolved):
         fields.remove("cpu_share_exponent")  # GPU rows: each rank has its own device
+    if all(r.get("compare") == "within_key" for _, _, _, r in resolved):
+        # only ratios within a key count: scaling every time by k is invisible, so the
+        # level (the compute efficiency) stays where it is and the rest is fitted around it
+        fields.remove("compute_efficiency")
     rings = [(c.layout.p2p > 1, cl.hbm_bw_gbs is not None) for _, cl, c, _ in resolved]
     if not any(ring for ring, _ in rings):
         fields.remove("ring_step_overhead_us")
@@ -135,6 +157,13 @@ def _free_fields(resolved) -> tuple[str, ...]:
     if not any(c.layout.a2a > 1 for _, _, c, _ in resolved):
         fields.remove("small_message_half_bytes")
     return tuple(fields)
+
+
+def _soft_l1(e: float) -> float:
+    """Robust loss of one log error (scipy's ``soft_l1``): ``e**2`` for errors well under
+    ``ROBUST_SCALE``, growing only linearly beyond it, so one measurement the model cannot
+    explain (a noisy trial, an implementation quirk) does not pull every parameter."""
+    return 2 * ROBUST_SCALE**2 * (math.sqrt(1 + (e / ROBUST_SCALE) ** 2) - 1)
 
 
 def nelder_mead(f: Callable[[list[float]], float], x0: list[float], *, step: float = 0.5,
@@ -197,15 +226,18 @@ def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
     resolved = _resolve(rows, clusters, models)
     names = _free_fields(resolved)
     x0 = [math.log(getattr(start, n) or FIT_START.get(n, 1e-9)) for n in names]
+    gpu = any(cluster.peak_bf16_tflops is not None for _, cluster, _, _ in resolved)
+    upper = [math.log(FIT_MAX_GPU[n]) if gpu and n in FIT_MAX_GPU else math.inf for n in names]
 
     def params_at(x: list[float]) -> CostParams:
-        return start.replace(**{n: math.exp(v) for n, v in zip(names, x)})
+        return start.replace(**{n: math.exp(min(v, hi)) for n, v, hi in zip(names, x, upper)})
 
     def loss(x: list[float]) -> float:
         errs = _errors(resolved, params_at(x))
         pull = sum((a - b) ** 2 for a, b in zip(x, x0))
         out_of_bounds = sum(max(0.0, abs(a - b) - BOUND_LOG) ** 2 for a, b in zip(x, x0))
-        return sum(e * e for e in errs) + PRIOR_WEIGHT * pull + 1e3 * out_of_bounds
+        out_of_bounds += sum(max(0.0, a - hi) ** 2 for a, hi in zip(x, upper))
+        return sum(_soft_l1(e) for e in errs) + PRIOR_WEIGHT * pull + 1e3 * out_of_bounds
 
     rng = random.Random(0)  # a few seeded starts: the log-time surface has local minima
     starts = [x0] + [[v + rng.gauss(0.0, 1.5) for v in x0] for _ in range(n_starts - 1)]

@@ -51,6 +51,9 @@ A2A_CALLS_PER_LAYER = 8  # forward Q, K, V, O; backward dO, dQ, dK, dV
 FIT_START = {"large_block_tokens": 1e6, "half_efficiency_heads": 1e-3,
              "small_message_half_bytes": 1.0, "ring_step_overhead_us": 1e-3,
              "ring_merge_bytes_per_element": 1e-3}
+# on a GPU these are fractions of a datasheet figure: a fit keeps them at or below 1 (on a
+# CPU the figures are nominal and the fitted factors may exceed 1)
+FIT_MAX_GPU = {"compute_efficiency": 1.0, "intra_bw_efficiency": 1.0, "inter_bw_efficiency": 1.0}
 FIT_FIELDS = (  # the free parameters calibrate.fit may move
     "compute_efficiency", "intra_bw_efficiency", "inter_bw_efficiency",
     "latency_multiplier", "layer_overhead_us", "half_efficiency_tokens", "large_block_tokens",
