@@ -60,6 +60,21 @@ def main() -> int:
         out.append("### Leave one key out (each key predicted by a calibration on the "
                    "others)\n\n" + agreement.table(held) + "\n")
         out.append(f"({time.time() - t0:.0f} s)\n")
+    from hcp_tune import config
+
+    clusters = {n: config.load([f"cluster={n}"]).cluster for n in agreement.TE_STUDY_CLUSTERS}
+    out.append("## TE's attention study pattern (uncalibrated defaults)\n\n"
+               "Pure p2p [1,cp] vs pure a2a [cp,1], 32 Q / 8 KV heads, d128, one layer forward "
+               f"and backward, seq {list(agreement.TE_STUDY_SEQS)} x mbs "
+               f"{list(agreement.TE_STUDY_MBS)} per cluster. TE found P2P winning most CP2 "
+               "cases and A2A most CP4 and CP8 cases.\n\n"
+               "| cp | " + " | ".join(f"{n} p2p / a2a wins" for n in clusters) + " | all |\n"
+               "|---|" + "---|" * (len(clusters) + 1))
+    for cp in (2, 4, 8):
+        w = agreement.te_study_winners(cp, clusters)
+        out.append(f"| {cp} | " + " | ".join(f"{w[n]['p2p']} / {w[n]['a2a']}" for n in clusters)
+                   + f" | {w['all']['p2p']} / {w['all']['a2a']} |")
+    out.append("")
     Path(args.out).write_text("\n".join(out))
     print("\n".join(out))
     return 0

@@ -95,3 +95,36 @@ def table(result: list[KeyAgreement]) -> str:
                  f"**{sum(k.best_in_top_two for k in result)}/{len(result)}** | "
                  f"**max {max(k.slowdown for k in result):.1%}** |")
     return "\n".join(lines)
+
+
+# TE's attention study (upstream-facts-2.md section 5): H100 and B200, 32 Q / 8 KV heads,
+# head_dim 128; winners over 36 tuples: CP2 P2P 19 / all-gather 13 / A2A 4, CP4 A2A 30 /
+# P2P 6, CP8 A2A 33 / P2P 3. Its tuples are not published; this grid stands in for them.
+TE_STUDY_CLUSTERS = ("dgx-h100", "gb200-nvl72")
+TE_STUDY_SEQS = (8192, 16384, 32768, 65536, 131072)
+TE_STUDY_MBS = (1, 2)
+
+
+def te_study_winners(cp: int, clusters: dict, params: CostParams = CostParams()) -> dict:
+    """Pure p2p ``[1,cp]`` against pure a2a ``[cp,1]`` (one attention layer, forward and
+    backward) over the study's clusters (``clusters``: name -> profile), the sequence
+    lengths and micro-batches above: how often each wins, per cluster and in all."""
+    from hcp_tune.costmodel import predict_attention_layer
+    from hcp_tune.layout import Candidate, Layout, rank_groups
+    from hcp_tune.model import ModelSpec
+
+    model = ModelSpec(name="te-study", layers=1, hidden=4096, ffn_hidden=14336, heads=32,
+                      kv_heads=8, head_dim=128, vocab=1)
+    wins = {name: {"p2p": 0, "a2a": 0} for name in clusters}
+    for name, cluster in clusters.items():
+        for seq in TE_STUDY_SEQS:
+            for mbs in TE_STUDY_MBS:
+                t = {}
+                for kind, lay in (("p2p", Layout(1, cp)), ("a2a", Layout(cp, 1))):
+                    groups = rank_groups(lay, tp=1, dp=1, gpus_per_node=cluster.gpus_per_node)
+                    c = Candidate(lay, 1, seq, 1, True, groups=groups)
+                    t[kind] = predict_attention_layer(model, cluster, c, mbs=mbs,
+                                                      params=params).step_time_s
+                wins[name][min(t, key=t.get)] += 1
+    wins["all"] = {k: sum(w[k] for w in wins.values()) for k in ("p2p", "a2a")}
+    return wins

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from hcp_tune.cluster import ClusterProfile
 from hcp_tune.costmodel import (
-    FIT_FIELDS, FIT_MAX_GPU, FIT_START, CostParams, Prediction, predict, predict_attention_layer,
+    FIT_FIELDS, FIT_MAX, FIT_MAX_GPU, FIT_START, CostParams, Prediction, predict, predict_attention_layer,
 )
 from hcp_tune.layout import Candidate, Layout, rank_groups
 from hcp_tune.model import ModelSpec
@@ -159,11 +159,14 @@ def _free_fields(resolved) -> tuple[str, ...]:
     return tuple(fields)
 
 
-def _soft_l1(e: float) -> float:
+def _soft_l1(e: float, scale: float | None) -> float:
     """Robust loss of one log error (scipy's ``soft_l1``): ``e**2`` for errors well under
-    ``ROBUST_SCALE``, growing only linearly beyond it, so one measurement the model cannot
-    explain (a noisy trial, an implementation quirk) does not pull every parameter."""
-    return 2 * ROBUST_SCALE**2 * (math.sqrt(1 + (e / ROBUST_SCALE) ** 2) - 1)
+    ``scale``, growing only linearly beyond it, so one measurement the model cannot
+    explain (a noisy trial, an implementation quirk) does not pull every parameter.
+    ``scale=None``: plain least squares."""
+    if scale is None:
+        return e * e
+    return 2 * scale**2 * (math.sqrt(1 + (e / scale) ** 2) - 1)
 
 
 def nelder_mead(f: Callable[[list[float]], float], x0: list[float], *, step: float = 0.5,
@@ -218,7 +221,8 @@ def report(rows: list[dict], params: CostParams, *, clusters=None, models=None,
 
 def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
         models: dict[str, ModelSpec] | None = None,
-        start: CostParams = CostParams(), n_starts: int = N_STARTS) -> tuple[CostParams, FitReport]:
+        start: CostParams = CostParams(), n_starts: int = N_STARTS,
+        robust_scale: float | None = ROBUST_SCALE) -> tuple[CostParams, FitReport]:
     """Fit the free parameters to ``rows`` (one cluster and env tag); returns them and the fit."""
     rows = [r for r in rows if r.get("median_s")]
     if not rows:
@@ -227,7 +231,8 @@ def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
     names = _free_fields(resolved)
     x0 = [math.log(getattr(start, n) or FIT_START.get(n, 1e-9)) for n in names]
     gpu = any(cluster.peak_bf16_tflops is not None for _, cluster, _, _ in resolved)
-    upper = [math.log(FIT_MAX_GPU[n]) if gpu and n in FIT_MAX_GPU else math.inf for n in names]
+    limits = {**FIT_MAX, **(FIT_MAX_GPU if gpu else {})}
+    upper = [math.log(limits[n]) if n in limits else math.inf for n in names]
 
     def params_at(x: list[float]) -> CostParams:
         return start.replace(**{n: math.exp(min(v, hi)) for n, v, hi in zip(names, x, upper)})
@@ -237,7 +242,8 @@ def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
         pull = sum((a - b) ** 2 for a, b in zip(x, x0))
         out_of_bounds = sum(max(0.0, abs(a - b) - BOUND_LOG) ** 2 for a, b in zip(x, x0))
         out_of_bounds += sum(max(0.0, a - hi) ** 2 for a, hi in zip(x, upper))
-        return sum(_soft_l1(e) for e in errs) + PRIOR_WEIGHT * pull + 1e3 * out_of_bounds
+        return sum(_soft_l1(e, robust_scale) for e in errs) + PRIOR_WEIGHT * pull \
+            + 1e3 * out_of_bounds
 
     rng = random.Random(0)  # a few seeded starts: the log-time surface has local minima
     starts = [x0] + [[v + rng.gauss(0.0, 1.5) for v in x0] for _ in range(n_starts - 1)]
@@ -261,8 +267,8 @@ def holdout_error(rows: list[dict], train_seqs, test_seqs, **kw) -> tuple[CostPa
     if not train or not test:
         raise ValueError(f"holdout needs rows in both {sorted(train_seqs)=} and {sorted(test_seqs)=}")
     params, train_report = fit(train, **kw)
-    kw.pop("start", None)
-    kw.pop("n_starts", None)
+    for name in ("start", "n_starts", "robust_scale"):
+        kw.pop(name, None)
     return params, train_report, report(test, params, fitted=train_report.fitted, **kw)
 
 

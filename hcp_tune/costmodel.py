@@ -54,6 +54,9 @@ FIT_START = {"large_block_tokens": 1e6, "half_efficiency_heads": 1e-3,
 # on a GPU these are fractions of a datasheet figure: a fit keeps them at or below 1 (on a
 # CPU the figures are nominal and the fitted factors may exceed 1)
 FIT_MAX_GPU = {"compute_efficiency": 1.0, "intra_bw_efficiency": 1.0, "inter_bw_efficiency": 1.0}
+# on any device: above 4 heads the term would claim a rank with 4 heads runs at half speed,
+# which no kernel does (a fit that goes there uses the term as a stand-in for another effect)
+FIT_MAX = {"half_efficiency_heads": 4.0}
 FIT_FIELDS = (  # the free parameters calibrate.fit may move
     "compute_efficiency", "intra_bw_efficiency", "inter_bw_efficiency",
     "latency_multiplier", "layer_overhead_us", "half_efficiency_tokens", "large_block_tokens",

@@ -14,9 +14,7 @@ import pytest
 
 from hcp_tune import agreement, calibrate, config
 from hcp_tune.agreement import kendall_tau
-from hcp_tune.costmodel import CostParams, predict_attention_layer
-from hcp_tune.layout import Candidate, Layout, rank_groups
-from hcp_tune.model import ModelSpec
+from hcp_tune.costmodel import CostParams
 
 REPO = Path(__file__).resolve().parent.parent
 YUNCHANG = REPO / "benchmarks" / "published" / "yunchang-a100-fwd.jsonl"
@@ -113,27 +111,13 @@ def test_a_bad_passes_value_is_one_line():
 
 # ------------------------------------------------------------------ TE's study pattern
 
-TE_MODEL = ModelSpec(name="te-study", layers=1, hidden=4096, ffn_hidden=14336, heads=32,
-                     kv_heads=8, head_dim=128, vocab=1)  # 32 Q / 8 KV heads, d128
-
-
-def te_winners(cp):
-    """p2p ([1,cp]) vs a2a ([cp,1]) winners over H100 and B200, seq 8K-128K, batch 1-2."""
-    wins = {"p2p": 0, "a2a": 0}
-    for name in ("dgx-h100", "gb200-nvl72"):
-        cluster = config.load([f"cluster={name}"]).cluster
-        for seq in (8192, 16384, 32768, 65536, 131072):
-            for mbs in (1, 2):
-                t = {}
-                for kind, lay in (("p2p", Layout(1, cp)), ("a2a", Layout(cp, 1))):
-                    c = Candidate(lay, 1, seq, 1, True, groups=rank_groups(
-                        lay, tp=1, dp=1, gpus_per_node=cluster.gpus_per_node))
-                    t[kind] = predict_attention_layer(TE_MODEL, cluster, c, mbs=mbs).step_time_s
-                wins[min(t, key=t.get)] += 1
-    return wins
+@functools.lru_cache(maxsize=None)
+def te_clusters():
+    return {n: config.load([f"cluster={n}"]).cluster for n in agreement.TE_STUDY_CLUSTERS}
 
 
 @pytest.mark.parametrize("cp,winner", [(2, "p2p"), (4, "a2a"), (8, "a2a")])
 def test_te_study_pattern_p2p_at_cp2_a2a_at_cp4_and_cp8(cp, winner):
-    wins = te_winners(cp)
-    assert wins[winner] > sum(wins.values()) / 2, wins
+    wins = agreement.te_study_winners(cp, te_clusters())
+    assert sum(wins["all"].values()) == 20
+    assert wins["all"][winner] > 10, wins
