@@ -1,12 +1,16 @@
 """Calibration: fit the cost model's free parameters to measured trials of one cluster and
 environment tag, store them beside the results, and read them back for later predictions.
 
-The fit is least squares on log step time, ``sum (log predicted - log measured)^2``, over
-the parameters in ``costmodel.FIT_FIELDS`` that the rows can inform, by Nelder-Mead on the
-logs of the parameters (pure Python: no scipy, no numpy), with a weak pull towards the
-defaults so a parameter the rows cannot see stays where it was. A row measured by
-``runner=attention`` (one attention layer, forward + backward, no GEMMs or optimizer) is
-compared with ``predict_attention_layer``; a ``runner=bridge`` row with ``predict``.
+The fit is bounded robust least squares on log step time (soft-L1 of ``log predicted -
+log measured``; ``robust_scale=None`` for plain squares) over the parameters in
+``costmodel.FIT_FIELDS`` that the rows can inform, by Nelder-Mead on the logs of the
+parameters (pure Python: no scipy, no numpy), each within 1e4x of its start and below
+``FIT_MAX`` (and ``FIT_MAX_GPU`` on GPUs), with a weak pull towards the defaults so a
+parameter the rows cannot see stays where it was. A row measured by ``runner=attention``
+(one attention layer, no GEMMs or optimizer) is compared with ``predict_attention_layer``,
+forward only when it says ``"passes": "fwd"``; a ``runner=bridge`` row with ``predict``.
+Rows with ``"compare": "within_key"`` (a published table whose rows are not comparable with
+each other) count only through the ratios of one key's splits.
 
 Stored as ``<results_dir>/calibration/<cluster>__<env_tag>.json``.
     python -m hcp_tune.calibrate ROWS.json [results_dir=results]   (a JSON list or JSONL)

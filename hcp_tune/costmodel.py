@@ -10,19 +10,26 @@ on ``[a2a, p2p]``. The attention core of one layer, forward and backward
 (``predict_attention_layer``; the attention runner measures exactly this):
 
 - compute: causal FLOPs (``flops.causal_attention_flops``) / (tp*cp) ranks (load-balanced
-  chunks split the work evenly), at ``peak x compute_efficiency x L/(L + half_efficiency_tokens)``
-  where ``L = seq/p2p`` is the query/key length of one ring step's kernel: short blocks run
-  a flash kernel less efficiently, which is why pure ring loses at short chunks
-  (hcp-facts.md section 6).
+  chunks split the work evenly), at ``peak x compute_efficiency x L/(L + half_efficiency_tokens)
+  x H/(H + half_efficiency_heads)`` where ``L = seq/p2p`` is the query/key length of one
+  ring step's kernel (short blocks run a flash kernel less efficiently: why pure ring loses
+  at short chunks, hcp-facts.md section 6) and ``H = heads/(tp*a2a)`` the heads a rank
+  holds after the all-to-all (wide a2a leaves few).
 - all-to-all over the a2a group (never overlapped): forward Q, K, V in and O back,
-  backward dO in and dQ, dK, dV back; each rank sends ``(a-1)/a`` of each tensor, at the
-  intra- or inter-node bandwidth by where the a2a group sits (``RankGroups``), plus one
-  latency per collective.
-- ring over the p2p group: forward ``p-1`` steps that each cost ``max(compute_step,
-  send K/V block)`` and a last step of compute only; backward the same with K/V and dK/dV
-  blocks, plus the un-overlapped hand-back of the last dK/dV block to its owner. A message
-  costs latency + bytes / bandwidth of the slowest link the ring crosses. What exceeds the
-  pure compute is the exposed p2p time.
+  backward dO in and dQ, dK, dV back. One all-to-all of ``V`` bytes per rank over ``N``
+  ranks is ``N-1`` messages of ``V/N``, all ranks at once, each costing ``latency +
+  (V/N + small_message_half_bytes)/bw``; ``bw`` is the intra- or inter-node link by where
+  the a2a group sits (``RankGroups``), within a node capped at the profile's
+  ``node_aggregate_bw_gbs`` shared by the node's ranks (PCIe nodes).
+- ring over the p2p group: forward ``p-1`` steps that each cost ``max(compute_step +
+  step overhead, send K/V block)`` and a last step of compute only; backward the same with
+  K/V and dK/dV blocks, plus the un-overlapped hand-back of the last dK/dV block to its
+  owner. A message costs latency + bytes / bandwidth of the slowest link the ring crosses
+  (a neighbour's link: the node aggregate does not cap a ring). The step overhead (kernel
+  launches, merging the step's partial output at the profile's ``hbm_bw_gbs``) runs on
+  the compute stream. What exceeds the pure compute is the exposed p2p time.
+- ``Terms`` splits the three sums into these parts for the user's breakdown;
+  ``forward_only`` keeps the forward pass alone (published inference-style tables).
 
 Memory per rank (GiB): bf16 weights and fp32 gradients over TP, fp32 master weights and
 Adam moments (12 B/param) sharded over dp*cp (Megatron's distributed optimizer shards

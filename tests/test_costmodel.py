@@ -148,6 +148,8 @@ def test_calibrated_label_names_the_source():
     ("compute_efficiency", 0.0, "compute_efficiency must be > 0, but got value=0.0"),
     ("inter_bw_efficiency", -1.0, "inter_bw_efficiency must be > 0"),
     ("layer_overhead_us", -1.0, "layer_overhead_us must be >= 0"),
+    ("ring_step_overhead_us", -1.0, "ring_step_overhead_us must be >= 0, but got value=-1.0"),
+    ("half_efficiency_heads", -0.5, "half_efficiency_heads must be >= 0"),
 ])
 def test_cost_params_reject_bad_values(field, value, msg):
     with pytest.raises(ValueError, match=msg):
