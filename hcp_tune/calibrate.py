@@ -149,6 +149,7 @@ def _free_fields(resolved) -> tuple[str, ...]:
         fields.remove("intra_bw_efficiency")
     if any(cluster.peak_bf16_tflops is not None for _, cluster, _, _ in resolved):
         fields.remove("cpu_share_exponent")  # GPU rows: each rank has its own device
+        fields.remove("large_block_tokens")  # flash kernels tile: long blocks cost nothing extra
     if all(r.get("compare") == "within_key" for _, _, _, r in resolved):
         # only ratios within a key count: scaling every time by k is invisible, so the
         # level (the compute efficiency) stays where it is and the rest is fitted around it
