@@ -42,13 +42,14 @@ from hcp_tune.launch import run_local_batch
 from hcp_tune.layout import Layout, rank_groups
 from hcp_tune.spec import TrialSpec, result_from_json
 seqs_by_cp, workdir, batch_timeout_s = json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-dims = dict(heads=8, kv_heads=8, head_dim=8, hidden=64, layers=1, vocab=1024)  # conf/model/tiny.yaml
+model, dims = sys.argv[4], json.loads(sys.argv[5])  # dims of conf/model/<model>.yaml, 1 layer
+tag = "" if model == "tiny" else f"{model}-"  # tiny keeps the trial ids of earlier runs
 for cp, seqs in seqs_by_cp.items():
     cp = int(cp)
-    for a in [d for d in range(1, cp + 1) if cp % d == 0]:  # one batch per layout
-        layout, folder = Layout(a, cp // a), Path(workdir) / f"cp{cp}"
+    for a in [d for d in range(1, cp + 1) if cp % d == 0 and dims["kv_heads"] % d == 0]:
+        layout, folder = Layout(a, cp // a), Path(workdir) / f"cp{cp}"  # one batch per layout
         specs = [TrialSpec(
-            trial_id=f"cp{cp}-{a}x{cp // a}-s{seq}", a2a=a, p2p=cp // a, tp=1, seq=seq,
+            trial_id=f"{tag}cp{cp}-{a}x{cp // a}-s{seq}", a2a=a, p2p=cp // a, tp=1, seq=seq,
             dtype="fp32", backend="torch", warmup_steps=1, measure_steps=5,
             expected_groups=rank_groups(layout, tp=1, gpus_per_node=8).as_dict(), **dims)
             for seq in seqs]
@@ -66,7 +67,7 @@ for cp, seqs in seqs_by_cp.items():
                 done[spec.trial_id] = res
         for spec in specs:
             res = done[spec.trial_id]
-            print(json.dumps({"cluster": "local", "model": "tiny", **dims, "tp": 1, "cp": cp,
+            print(json.dumps({"cluster": "local", "model": model, **dims, "tp": 1, "cp": cp,
                               "a2a": spec.a2a, "p2p": spec.p2p, "seq": spec.seq, "mbs": 1,
                               "dtype": "fp32", "runner": "attention", "status": res.status.value,
                               "median_s": res.median_s, "p10_s": res.p10_s, "p90_s": res.p90_s,
@@ -76,11 +77,17 @@ for cp, seqs in seqs_by_cp.items():
 '''
 
 
-def measure(job_root: Path, workdir: Path) -> list[dict]:
+TINY = {"tiny": dict(heads=8, kv_heads=8, head_dim=8, hidden=64, layers=1, vocab=1024),
+        "tiny-gqa": dict(heads=8, kv_heads=2, head_dim=8, hidden=64, layers=1, vocab=1024)}
+# conf/model/tiny*.yaml with one layer (the attention runner times one attention layer)
+
+
+def measure(job_root: Path, workdir: Path, seqs_by_cp=SEQS_BY_CP, model: str = "tiny") -> list[dict]:
+    """Every split the model's KV heads allow, per cp and seq, in a subprocess on job_root."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(job_root), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(SEQS_BY_CP), str(workdir),
-                           str(BATCH_TIMEOUT_S)], env=env, cwd=job_root, stdout=subprocess.PIPE,
-                          text=True, timeout=1500)
+    proc = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(seqs_by_cp), str(workdir),
+                           str(BATCH_TIMEOUT_S), model, json.dumps(TINY[model])], env=env,
+                          cwd=job_root, stdout=subprocess.PIPE, text=True, timeout=1500)
     if proc.returncode:
         raise SystemExit(f"measuring failed (exit {proc.returncode}); see the lines above")
     return [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -129,13 +136,16 @@ def main() -> int:
     out.append(f"Uncalibrated defaults (nominal 10 GFLOP/s/core): rms relative error "
                f"{uncal.rms_rel_error:.1%}, max {uncal.max_rel_error:.1%} over all {uncal.n} rows.\n")
     for name, (train, test) in SPLITS.items():
+        _, _, plain = calibrate.holdout_error(ok, train, test, n_starts=6, robust_scale=None)
         params, tr, te = calibrate.holdout_error(ok, train, test, n_starts=6)
         fitted = ", ".join(f"{n}={getattr(params, n):.4g}" for n in tr.fitted)
         out.append(f"## Split `{name}`: fit on seq {list(train)}, held out seq {list(test)}\n")
         out.append(f"- fitted ({tr.n} rows): {fitted}")
         out.append(f"- fit error: rms {tr.rms_rel_error:.1%}, max {tr.max_rel_error:.1%}")
         out.append(f"- **held-out error ({te.n} rows): rms {te.rms_rel_error:.1%}, "
-                   f"max {te.max_rel_error:.1%}**\n")
+                   f"max {te.max_rel_error:.1%}**")
+        out.append(f"- the same fit by plain least squares instead of the robust soft-L1 "
+                   f"loss: held-out rms {plain.rms_rel_error:.1%}, max {plain.max_rel_error:.1%}\n")
         out.append(table(te) + "\n")
     params, rep = calibrate.fit(ok, n_starts=6)
     path = calibrate.save_params(args.results_dir, "local", ENV_TAG, params, rep)

@@ -1,12 +1,16 @@
 """Calibration: fit the cost model's free parameters to measured trials of one cluster and
 environment tag, store them beside the results, and read them back for later predictions.
 
-The fit is least squares on log step time, ``sum (log predicted - log measured)^2``, over
-the parameters in ``costmodel.FIT_FIELDS`` that the rows can inform, by Nelder-Mead on the
-logs of the parameters (pure Python: no scipy, no numpy), with a weak pull towards the
-defaults so a parameter the rows cannot see stays where it was. A row measured by
-``runner=attention`` (one attention layer, forward + backward, no GEMMs or optimizer) is
-compared with ``predict_attention_layer``; a ``runner=bridge`` row with ``predict``.
+The fit is bounded robust least squares on log step time (soft-L1 of ``log predicted -
+log measured``; ``robust_scale=None`` for plain squares) over the parameters in
+``costmodel.FIT_FIELDS`` that the rows can inform, by Nelder-Mead on the logs of the
+parameters (pure Python: no scipy, no numpy), each within 1e4x of its start and below
+``FIT_MAX`` (and ``FIT_MAX_GPU`` on GPUs), with a weak pull towards the defaults so a
+parameter the rows cannot see stays where it was. A row measured by ``runner=attention``
+(one attention layer, no GEMMs or optimizer) is compared with ``predict_attention_layer``,
+forward only when it says ``"passes": "fwd"``; a ``runner=bridge`` row with ``predict``.
+Rows with ``"compare": "within_key"`` (a published table whose rows are not comparable with
+each other) count only through the ratios of one key's splits.
 
 Stored as ``<results_dir>/calibration/<cluster>__<env_tag>.json``.
     python -m hcp_tune.calibrate ROWS.json [results_dir=results]   (a JSON list or JSONL)
@@ -23,13 +27,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hcp_tune.cluster import ClusterProfile
-from hcp_tune.costmodel import FIT_FIELDS, FIT_START, CostParams, predict, predict_attention_layer
+from hcp_tune.costmodel import (
+    FIT_FIELDS, FIT_MAX, FIT_MAX_GPU, FIT_START, CostParams, Prediction, predict, predict_attention_layer,
+)
 from hcp_tune.layout import Candidate, Layout, rank_groups
 from hcp_tune.model import ModelSpec
 from hcp_tune.spec import atomic_write_text
 
 BOUND_LOG = math.log(1e4)  # a fitted parameter stays within 1e4x of where it started
 N_STARTS = 3  # Nelder-Mead runs from the defaults and from seeded perturbations of them
+ROBUST_SCALE = 0.1  # log error (~10%) beyond which a row's pull on the fit grows only linearly
 PRIOR_WEIGHT = 1e-6  # pull (per squared log-ratio) towards the defaults: keeps unseen params put
 
 
@@ -76,9 +83,10 @@ def _resolve(rows, clusters, models) -> list[tuple[ModelSpec, ClusterProfile, Ca
         if model is None and r.get("model") not in models or name not in clusters:
             from hcp_tune import config  # Hydra: only when a profile must be read from conf/
 
-            loaded = config.load([f"cluster={name}"] + ([f"model={r['model']}"] if "model" in r else []))
+            by_name = model is None and "model" in r  # dims in the row need no model file
+            loaded = config.load([f"cluster={name}"] + ([f"model={r['model']}"] if by_name else []))
             clusters.setdefault(name, loaded.cluster)
-            if "model" in r:
+            if by_name:
                 models.setdefault(r["model"], loaded.model)
         model = model or models[r["model"]]
         cluster = clusters[name]
@@ -91,18 +99,45 @@ def _resolve(rows, clusters, models) -> list[tuple[ModelSpec, ClusterProfile, Ca
     return out
 
 
-def _predictor(row: dict) -> Callable:
-    return predict if row.get("runner", "attention") == "bridge" else predict_attention_layer
+PASSES = ("fwd+bwd", "fwd")  # a row's "passes": what was timed (published tables: often "fwd")
+
+
+def predict_row(model: ModelSpec, cluster: ClusterProfile, cand: Candidate, row: dict,
+                params: CostParams) -> Prediction:
+    """The prediction a measured row is compared with: ``predict`` for a ``runner=bridge``
+    row, else one attention layer, forward only when the row says ``passes: fwd``."""
+    passes = row.get("passes", "fwd+bwd")
+    if passes not in PASSES:
+        raise ValueError(f"row passes={passes!r}: expected one of {', '.join(PASSES)}")
+    kw = dict(mbs=int(row.get("mbs", 1)), dtype=row.get("dtype", "bf16"), params=params)
+    if row.get("runner", "attention") == "bridge":
+        if passes == "fwd":
+            raise ValueError("row passes='fwd' with runner=bridge: a training step has a backward")
+        return predict(model, cluster, cand, **kw)
+    return predict_attention_layer(model, cluster, cand, forward_only=passes == "fwd", **kw)
+
+
+def split_key(model: ModelSpec, cluster: ClusterProfile, cand: Candidate, row: dict) -> str:
+    """The key whose rows are the splits of one problem (same dims, tp, cp, seq, passes)."""
+    return (f"{cluster.name} seq={cand.seq} heads={model.heads}({model.kv_heads}) "
+            f"d={model.head_dim} tp={cand.tp} cp={cand.cp} {row.get('passes', 'fwd+bwd')}")
 
 
 def _errors(resolved, params: CostParams) -> list[float]:
-    """log(predicted / measured) per row."""
-    out = []
-    for model, cluster, cand, r in resolved:
-        pred = _predictor(r)(model, cluster, cand, mbs=int(r.get("mbs", 1)),
-                             dtype=r.get("dtype", "bf16"), params=params)
-        out.append(math.log(pred.step_time_s / float(r["median_s"])))
-    return out
+    """log(predicted / measured) per row. Rows marked ``"compare": "within_key"`` (a table
+    whose keys' absolute levels are not comparable, e.g. an uncertain sequence length) are
+    centred on their key's mean: only the ratios between a key's splits count."""
+    errs = [math.log(predict_row(model, cluster, cand, r, params).step_time_s / float(r["median_s"]))
+            for model, cluster, cand, r in resolved]
+    groups: dict[str, list[int]] = {}
+    for i, (model, cluster, cand, r) in enumerate(resolved):
+        if r.get("compare") == "within_key":
+            groups.setdefault(split_key(model, cluster, cand, r), []).append(i)
+    for idx in groups.values():
+        mean = sum(errs[i] for i in idx) / len(idx)
+        for i in idx:
+            errs[i] -= mean
+    return errs
 
 
 def _free_fields(resolved) -> tuple[str, ...]:
@@ -114,7 +149,29 @@ def _free_fields(resolved) -> tuple[str, ...]:
         fields.remove("intra_bw_efficiency")
     if any(cluster.peak_bf16_tflops is not None for _, cluster, _, _ in resolved):
         fields.remove("cpu_share_exponent")  # GPU rows: each rank has its own device
+        fields.remove("large_block_tokens")  # flash kernels tile: long blocks cost nothing extra
+    if all(r.get("compare") == "within_key" for _, _, _, r in resolved):
+        # only ratios within a key count: scaling every time by k is invisible, so the
+        # level (the compute efficiency) stays where it is and the rest is fitted around it
+        fields.remove("compute_efficiency")
+    rings = [(c.layout.p2p > 1, cl.hbm_bw_gbs is not None) for _, cl, c, _ in resolved]
+    if not any(ring for ring, _ in rings):
+        fields.remove("ring_step_overhead_us")
+    if not any(ring and hbm for ring, hbm in rings):
+        fields.remove("ring_merge_bytes_per_element")  # no ring, or no hbm_bw_gbs: no term
+    if not any(c.layout.a2a > 1 for _, _, c, _ in resolved):
+        fields.remove("small_message_half_bytes")
     return tuple(fields)
+
+
+def _soft_l1(e: float, scale: float | None) -> float:
+    """Robust loss of one log error (scipy's ``soft_l1``): ``e**2`` for errors well under
+    ``scale``, growing only linearly beyond it, so one measurement the model cannot
+    explain (a noisy trial, an implementation quirk) does not pull every parameter.
+    ``scale=None``: plain least squares."""
+    if scale is None:
+        return e * e
+    return 2 * scale**2 * (math.sqrt(1 + (e / scale) ** 2) - 1)
 
 
 def nelder_mead(f: Callable[[list[float]], float], x0: list[float], *, step: float = 0.5,
@@ -169,7 +226,8 @@ def report(rows: list[dict], params: CostParams, *, clusters=None, models=None,
 
 def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
         models: dict[str, ModelSpec] | None = None,
-        start: CostParams = CostParams(), n_starts: int = N_STARTS) -> tuple[CostParams, FitReport]:
+        start: CostParams = CostParams(), n_starts: int = N_STARTS,
+        robust_scale: float | None = ROBUST_SCALE) -> tuple[CostParams, FitReport]:
     """Fit the free parameters to ``rows`` (one cluster and env tag); returns them and the fit."""
     rows = [r for r in rows if r.get("median_s")]
     if not rows:
@@ -177,15 +235,20 @@ def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
     resolved = _resolve(rows, clusters, models)
     names = _free_fields(resolved)
     x0 = [math.log(getattr(start, n) or FIT_START.get(n, 1e-9)) for n in names]
+    gpu = any(cluster.peak_bf16_tflops is not None for _, cluster, _, _ in resolved)
+    limits = {**FIT_MAX, **(FIT_MAX_GPU if gpu else {})}
+    upper = [math.log(limits[n]) if n in limits else math.inf for n in names]
 
     def params_at(x: list[float]) -> CostParams:
-        return start.replace(**{n: math.exp(v) for n, v in zip(names, x)})
+        return start.replace(**{n: math.exp(min(v, hi)) for n, v, hi in zip(names, x, upper)})
 
     def loss(x: list[float]) -> float:
         errs = _errors(resolved, params_at(x))
         pull = sum((a - b) ** 2 for a, b in zip(x, x0))
         out_of_bounds = sum(max(0.0, abs(a - b) - BOUND_LOG) ** 2 for a, b in zip(x, x0))
-        return sum(e * e for e in errs) + PRIOR_WEIGHT * pull + 1e3 * out_of_bounds
+        out_of_bounds += sum(max(0.0, a - hi) ** 2 for a, hi in zip(x, upper))
+        return sum(_soft_l1(e, robust_scale) for e in errs) + PRIOR_WEIGHT * pull \
+            + 1e3 * out_of_bounds
 
     rng = random.Random(0)  # a few seeded starts: the log-time surface has local minima
     starts = [x0] + [[v + rng.gauss(0.0, 1.5) for v in x0] for _ in range(n_starts - 1)]
@@ -209,8 +272,8 @@ def holdout_error(rows: list[dict], train_seqs, test_seqs, **kw) -> tuple[CostPa
     if not train or not test:
         raise ValueError(f"holdout needs rows in both {sorted(train_seqs)=} and {sorted(test_seqs)=}")
     params, train_report = fit(train, **kw)
-    kw.pop("start", None)
-    kw.pop("n_starts", None)
+    for name in ("start", "n_starts", "robust_scale"):
+        kw.pop(name, None)
     return params, train_report, report(test, params, fitted=train_report.fitted, **kw)
 
 

@@ -30,6 +30,15 @@ class ClusterProfile:
     gpu_memory_gib: float = field(metadata={"doc": "memory per GPU, GiB"})
     intra_node_latency_us: float = 5.0  # per-message latency on NVLink, a few µs (NCCL)
     inter_node_latency_us: float = 10.0  # per-message latency across IB, ~10 µs (NCCL)
+    node_aggregate_bw_gbs: Optional[float] = field(default=None, metadata={
+        "doc": "GB/s one way that all GPUs of a node can send at once through the node's "
+               "shared fabric (PCIe switches, host bridges); null: a full switch fabric "
+               "(NVSwitch), where each GPU keeps its own link bandwidth",
+        "expect": "a number of GB/s > 0"})
+    hbm_bw_gbs: Optional[float] = field(default=None, metadata={
+        "doc": "GPU memory bandwidth, GB/s (datasheet); the cost model's ring merge term "
+               "needs it, null leaves that term out",
+        "expect": "a number of GB/s > 0"})
 
     def __post_init__(self) -> None:
         if self.device == "cuda" and self.peak_bf16_tflops is None:

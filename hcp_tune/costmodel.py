@@ -10,19 +10,26 @@ on ``[a2a, p2p]``. The attention core of one layer, forward and backward
 (``predict_attention_layer``; the attention runner measures exactly this):
 
 - compute: causal FLOPs (``flops.causal_attention_flops``) / (tp*cp) ranks (load-balanced
-  chunks split the work evenly), at ``peak x compute_efficiency x L/(L + half_efficiency_tokens)``
-  where ``L = seq/p2p`` is the query/key length of one ring step's kernel: short blocks run
-  a flash kernel less efficiently, which is why pure ring loses at short chunks
-  (hcp-facts.md section 6).
+  chunks split the work evenly), at ``peak x compute_efficiency x L/(L + half_efficiency_tokens)
+  x H/(H + half_efficiency_heads)`` where ``L = seq/p2p`` is the query/key length of one
+  ring step's kernel (short blocks run a flash kernel less efficiently: why pure ring loses
+  at short chunks, hcp-facts.md section 6) and ``H = heads/(tp*a2a)`` the heads a rank
+  holds after the all-to-all (wide a2a leaves few).
 - all-to-all over the a2a group (never overlapped): forward Q, K, V in and O back,
-  backward dO in and dQ, dK, dV back; each rank sends ``(a-1)/a`` of each tensor, at the
-  intra- or inter-node bandwidth by where the a2a group sits (``RankGroups``), plus one
-  latency per collective.
-- ring over the p2p group: forward ``p-1`` steps that each cost ``max(compute_step,
-  send K/V block)`` and a last step of compute only; backward the same with K/V and dK/dV
-  blocks, plus the un-overlapped hand-back of the last dK/dV block to its owner. A message
-  costs latency + bytes / bandwidth of the slowest link the ring crosses. What exceeds the
-  pure compute is the exposed p2p time.
+  backward dO in and dQ, dK, dV back. One all-to-all of ``V`` bytes per rank over ``N``
+  ranks is ``N-1`` messages of ``V/N``, all ranks at once, each costing ``latency +
+  (V/N + small_message_half_bytes)/bw``; ``bw`` is the intra- or inter-node link by where
+  the a2a group sits (``RankGroups``), within a node capped at the profile's
+  ``node_aggregate_bw_gbs`` shared by the node's ranks (PCIe nodes).
+- ring over the p2p group: forward ``p-1`` steps that each cost ``max(compute_step +
+  step overhead, send K/V block)`` and a last step of compute only; backward the same with
+  K/V and dK/dV blocks, plus the un-overlapped hand-back of the last dK/dV block to its
+  owner. A message costs latency + bytes / bandwidth of the slowest link the ring crosses
+  (a neighbour's link: the node aggregate does not cap a ring). The step overhead (kernel
+  launches, merging the step's partial output at the profile's ``hbm_bw_gbs``) runs on
+  the compute stream. What exceeds the pure compute is the exposed p2p time.
+- ``Terms`` splits the three sums into these parts for the user's breakdown;
+  ``forward_only`` keeps the forward pass alone (published inference-style tables).
 
 Memory per rank (GiB): bf16 weights and fp32 gradients over TP, fp32 master weights and
 Adam moments (12 B/param) sharded over dp*cp (Megatron's distributed optimizer shards
@@ -47,11 +54,21 @@ from hcp_tune.rules import LAYOUT_RULES, evaluate
 GIB = 1024**3
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 A2A_CALLS_PER_LAYER = 8  # forward Q, K, V, O; backward dO, dQ, dK, dV
-FIT_START = {"large_block_tokens": 1e6}  # where a fit starts a parameter whose default is 0
+# where a fit starts a parameter whose default is 0 (a log-space fit cannot start at 0)
+FIT_START = {"large_block_tokens": 1e6, "half_efficiency_heads": 1e-3,
+             "small_message_half_bytes": 1.0, "ring_step_overhead_us": 1e-3,
+             "ring_merge_bytes_per_element": 1e-3}
+# on a GPU these are fractions of a datasheet figure: a fit keeps them at or below 1 (on a
+# CPU the figures are nominal and the fitted factors may exceed 1)
+FIT_MAX_GPU = {"compute_efficiency": 1.0, "intra_bw_efficiency": 1.0, "inter_bw_efficiency": 1.0}
+# on any device: above 4 heads the term would claim a rank with 4 heads runs at half speed,
+# which no kernel does (a fit that goes there uses the term as a stand-in for another effect)
+FIT_MAX = {"half_efficiency_heads": 4.0}
 FIT_FIELDS = (  # the free parameters calibrate.fit may move
     "compute_efficiency", "intra_bw_efficiency", "inter_bw_efficiency",
     "latency_multiplier", "layer_overhead_us", "half_efficiency_tokens", "large_block_tokens",
-    "cpu_share_exponent",
+    "cpu_share_exponent", "half_efficiency_heads", "small_message_half_bytes",
+    "ring_step_overhead_us", "ring_merge_bytes_per_element",
 )
 
 
@@ -79,6 +96,30 @@ class CostParams:
     """0: no penalty for long blocks (flash kernels tile, GPU). Else efficiency is divided by
     ``1 + L/large_block_tokens``: a reference kernel that materialises L x L scores (the CPU
     runner) slows once they leave the cache; calibration fits it on CPU."""
+    half_efficiency_heads: float = 0.1
+    """Heads per rank (after the all-to-all) at which the attention kernel would reach half
+    its many-heads efficiency: efficiency is multiplied by ``H/(H + this)``. Flash kernels
+    spread a rank's work over (batch, head, query tile) blocks, and the causal triangle
+    makes the tiles of one head unequal (FlashAttention-2, Dao 2023, section 3.2: the
+    split over heads and batch sets the occupancy); with one head per rank the scheduler
+    has the fewest independent pieces to balance. 0.1 is our order-of-magnitude choice
+    (about 9% slower at 1 head per rank, 2.5% at 4, under 1% from 16); calibration fits it."""
+    small_message_half_bytes: float = 1024.0**2
+    """Message size (bytes) at which one all-to-all message reaches half the link
+    bandwidth: a message of ``m`` bytes costs ``latency + (m + this)/bandwidth``. NCCL's
+    all-to-all over NVLink reaches its bus bandwidth only for per-peer messages of several
+    MB; 1 MiB is the order of magnitude of the knee of its published alltoall_perf curves;
+    calibration fits it."""
+    ring_step_overhead_us: float = 20.0
+    """Fixed time of each ring step beyond its attention kernel, on the compute stream:
+    launching the step's kernels (attention, output/LSE correction, the send/receive pair;
+    4-6 launches of a few µs each on a GPU). On CPU it is the per-step Python and gloo
+    overhead, which calibration fits."""
+    ring_merge_bytes_per_element: float = 12.0
+    """Memory traffic per output element when a ring step folds its partial result into the
+    running one: fp32 accumulator read and write (8 B), the step's bf16 output (2 B), LSE
+    and rescale factors (about 2 B). Divided by the profile's ``hbm_bw_gbs``; no term when
+    the profile has none (CPU). Unfused PyTorch merges move several times more."""
     layer_overhead_us: float = 50.0
     """Fixed time per layer forward+backward: kernel launches, small ops (GPU, order of
     magnitude); on CPU the Python and process overhead, which calibration fits."""
@@ -96,7 +137,9 @@ class CostParams:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("cpu_cores", "layer_overhead_us", "large_block_tokens"):
+            if f.name in ("cpu_cores", "layer_overhead_us", "large_block_tokens",
+                          "half_efficiency_heads", "small_message_half_bytes",
+                          "ring_step_overhead_us", "ring_merge_bytes_per_element"):
                 if value < 0:
                     raise ValueError(f"CostParams: {f.name} must be >= 0, but got {value=}.")
             elif f.name != "source" and not value > 0:
@@ -111,6 +154,27 @@ class CostParams:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Terms:
+    """Where the time goes inside ``compute_s``, ``exposed_a2a_s`` and ``exposed_p2p_s``
+    (seconds, same scope as the ``Prediction``): the three sums are exactly
+    ``compute_s = compute_ideal_s + compute_short_block_s + compute_few_heads_s``,
+    ``exposed_a2a_s = a2a_volume_s + a2a_messages_s + a2a_shared_link_s`` and
+    ``exposed_p2p_s = ring_transfer_s + ring_step_overhead_s``."""
+
+    compute_ideal_s: float = 0.0  # FLOPs at the long-block, many-heads efficiency
+    compute_short_block_s: float = 0.0  # extra: a ring step's kernel sees a short block
+    compute_few_heads_s: float = 0.0  # extra: few heads per rank after the all-to-all
+    a2a_volume_s: float = 0.0  # (N-1)/N of each tensor at the rank's own link bandwidth
+    a2a_messages_s: float = 0.0  # N-1 messages per collective: latency + small-message cost
+    a2a_shared_link_s: float = 0.0  # extra when the node's aggregate bandwidth caps each rank
+    ring_transfer_s: float = 0.0  # K/V (dK/dV) transfers not hidden behind compute
+    ring_step_overhead_s: float = 0.0  # per ring step: kernel launches + merging partial results
+
+    def scaled(self, k: float) -> "Terms":
+        return Terms(**{f.name: k * getattr(self, f.name) for f in dataclasses.fields(self)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +204,7 @@ class Prediction:
     other_s: float  # GEMMs, TP collectives, per-layer overhead: the same for every layout
     memory_gib: float
     memory: MemoryBreakdown
+    terms: Terms = field(default_factory=Terms)  # the sums above, term by term
     label: str = "predicted"
 
     def as_dict(self) -> dict:
@@ -193,28 +258,68 @@ class _Attention:
     p2p_s: float
     qkvo_bytes: float  # Q + K + V of the local chunk (a2a send buffer of one direction)
     kv_block_bytes: float  # one ring K/V block
+    terms: Terms
 
 
-def _attention(model, cluster, cand, mbs, dtype, params) -> _Attention:
+def _a2a(volumes: list[float], n: int, link_bw: float, capped_bw: float, lat: float,
+         params: "CostParams") -> tuple[float, float, float]:
+    """(volume, messages, shared-link) seconds of one all-to-all per tensor in ``volumes``
+    (bytes each rank holds) over ``n`` ranks: each rank sends ``n-1`` messages of ``V/n``,
+    all ranks at once. A message costs ``lat + (V/n + m_half)/bw``: the per-message latency,
+    and a small message reaches ``m/(m + m_half)`` of the link bandwidth. ``capped_bw``
+    (<= ``link_bw``) is what each rank gets when the node's fabric is shared."""
+    volume = messages = shared = 0.0
+    for v in volumes:
+        volume += (n - 1) / n * v / link_bw
+        shared += (n - 1) / n * v * (1 / capped_bw - 1 / link_bw)
+        messages += (n - 1) * (lat + params.small_message_half_bytes / link_bw)
+    return volume, messages, shared
+
+
+def _ring(p: int, steps: list[tuple[float, float]], overhead: float) -> float:
+    """Time of one ring pass: ``p-1`` steps of ``max(compute + overhead, transfer)`` then the
+    last step's compute (``steps``: (compute per step, transfer per step) per pass)."""
+    return sum((p - 1) * max(c + overhead, t) + c for c, t in steps)
+
+
+def _attention(model, cluster, cand, mbs, dtype, params, forward_only=False) -> _Attention:
     a, p, tp, cp, seq = cand.layout.a2a, cand.layout.p2p, cand.tp, cand.cp, cand.seq
     b = DTYPE_BYTES[dtype]
     groups = _groups(cand, cluster)
     fwd, bwd = causal_attention_flops(seq, model.heads, model.head_dim, mbs)
+    if forward_only:
+        bwd = 0.0
     block_tokens = seq / p
-    eff = params.compute_efficiency * block_tokens / (block_tokens + params.half_efficiency_tokens)
+    heads_per_rank = model.heads / (tp * a)
+    peak = peak_flops(cluster, params, dtype, _ranks_on_node(cand, cluster))
+    f_block = block_tokens / (block_tokens + params.half_efficiency_tokens)
     if params.large_block_tokens:
-        eff /= 1 + block_tokens / params.large_block_tokens
-    rate = peak_flops(cluster, params, dtype, _ranks_on_node(cand, cluster)) * eff
+        f_block /= 1 + block_tokens / params.large_block_tokens
+    f_heads = heads_per_rank / (heads_per_rank + params.half_efficiency_heads)
+    rate = peak * params.compute_efficiency * f_block * f_heads
     comp_f, comp_b = fwd / (tp * cp) / rate, bwd / (tp * cp) / rate
+    ideal = (fwd + bwd) / (tp * cp) / (peak * params.compute_efficiency)
+    no_heads = ideal / f_block
+    terms = {"compute_ideal_s": ideal, "compute_short_block_s": no_heads - ideal,
+             "compute_few_heads_s": comp_f + comp_b - no_heads}
 
     local_tokens = mbs * seq / cp
     q_bytes = local_tokens * model.heads / tp * model.head_dim * b
     kv_bytes = local_tokens * model.kv_heads / tp * model.head_dim * b  # K or V
     a2a_s = 0.0
     if a > 1:
-        bw, lat = _link(cluster, params, groups.a2a_crosses_nodes)
-        moved = (a - 1) / a * 2 * (2 * q_bytes + 2 * kv_bytes)  # fwd Q,K,V,O; bwd dO,dQ,dK,dV
-        a2a_s = moved / bw + A2A_CALLS_PER_LAYER * lat
+        link_bw, lat = _link(cluster, params, groups.a2a_crosses_nodes)
+        capped = link_bw
+        if cluster.node_aggregate_bw_gbs is not None and not groups.a2a_crosses_nodes:
+            # every rank of the node is in an a2a group and they all send at once
+            agg = cluster.node_aggregate_bw_gbs * 1e9 * params.intra_bw_efficiency
+            capped = min(link_bw, agg / _ranks_on_node(cand, cluster))
+        volumes = [q_bytes, kv_bytes, kv_bytes, q_bytes]  # forward Q, K, V in, O back
+        if not forward_only:
+            volumes += [q_bytes, q_bytes, kv_bytes, kv_bytes]  # backward dO in, dQ, dK, dV back
+        vol, msgs, shared = _a2a(volumes, a, link_bw, capped, lat, params)
+        a2a_s = vol + msgs + shared
+        terms.update(a2a_volume_s=vol, a2a_messages_s=msgs, a2a_shared_link_s=shared)
 
     # after the all-to-all a rank holds seq/p tokens of heads/(tp*a): a K+V block is
     # 2 * mbs * seq/p * kv_heads/(tp*a) * head_dim * bytes (= K+V of the local chunk)
@@ -223,12 +328,22 @@ def _attention(model, cluster, cand, mbs, dtype, params) -> _Attention:
     if p > 1:
         bw, lat = _link(cluster, params, groups.p2p_crosses_nodes)
         step_f, step_b = comp_f / p, comp_b / p
-        send_kv = lat + kv_block / bw
-        send_kv_dkv = lat + 2 * kv_block / bw
-        ring_f = (p - 1) * max(step_f, send_kv) + step_f
-        ring_b = (p - 1) * max(step_b, send_kv_dkv) + step_b + send_kv  # last dK/dV home
-        p2p_s = ring_f + ring_b - comp_f - comp_b
-    return _Attention(comp_f + comp_b, a2a_s, p2p_s, q_bytes + 2 * kv_bytes, kv_block)
+        send_kv, send_kv_dkv = lat + kv_block / bw, lat + 2 * kv_block / bw
+        steps = [(step_f, send_kv)] + ([] if forward_only else [(step_b, send_kv_dkv)])
+        # each step after the first folds its partial result into the running one (output
+        # and LSE forward, dQ backward): an fp32 read-modify-write of the local output
+        out_elems = mbs * block_tokens * heads_per_rank * model.head_dim
+        merge = 0.0
+        if cluster.hbm_bw_gbs is not None:
+            merge = out_elems * params.ring_merge_bytes_per_element / (cluster.hbm_bw_gbs * 1e9)
+        overhead = params.ring_step_overhead_us * 1e-6 + merge
+        handback = 0.0 if forward_only else send_kv  # the last dK/dV block goes home
+        plain = _ring(p, steps, 0.0) + handback
+        full = _ring(p, steps, overhead) + handback
+        p2p_s = full - comp_f - comp_b
+        terms.update(ring_transfer_s=plain - comp_f - comp_b, ring_step_overhead_s=full - plain)
+    return _Attention(comp_f + comp_b, a2a_s, p2p_s, q_bytes + 2 * kv_bytes, kv_block,
+                      Terms(**terms))
 
 
 def _buffers_gib(cand: Candidate, att: _Attention) -> tuple[float, float]:
@@ -239,14 +354,16 @@ def _buffers_gib(cand: Candidate, att: _Attention) -> tuple[float, float]:
 
 def predict_attention_layer(
     model: ModelSpec, cluster: ClusterProfile, candidate: Candidate, *, mbs: int = 1,
-    dtype: str = "bf16", params: CostParams = CostParams(),
+    dtype: str = "bf16", params: CostParams = CostParams(), forward_only: bool = False,
 ) -> Prediction:
     """One attention layer's core, forward and backward (what ``runner=attention`` measures).
 
     ``other_s`` is the fixed per-layer overhead; memory is the layer's Q/K/V/O and buffers.
+    ``forward_only``: the forward pass alone (FLOPs, the four forward all-to-alls, the
+    forward ring), as inference benchmarks such as the yunchang tables measure it.
     """
     _check(model, cluster, candidate, mbs, dtype)
-    att = _attention(model, cluster, candidate, mbs, dtype, params)
+    att = _attention(model, cluster, candidate, mbs, dtype, params, forward_only)
     other = params.layer_overhead_us * 1e-6
     a2a_gib, p2p_gib = _buffers_gib(candidate, att)
     acts = (att.qkvo_bytes + att.qkvo_bytes * model.heads / (model.heads + 2 * model.kv_heads))
@@ -256,7 +373,7 @@ def predict_attention_layer(
     return Prediction(
         step_time_s=att.compute_s + att.a2a_s + att.p2p_s + other, compute_s=att.compute_s,
         exposed_a2a_s=att.a2a_s, exposed_p2p_s=att.p2p_s, other_s=other,
-        memory_gib=mem.total_gib, memory=mem, label=label_for(cluster, params),
+        memory_gib=mem.total_gib, memory=mem, terms=att.terms, label=label_for(cluster, params),
     )
 
 
@@ -296,7 +413,7 @@ def predict(
     return Prediction(
         step_time_s=compute + a2a + p2p + other, compute_s=compute, exposed_a2a_s=a2a,
         exposed_p2p_s=p2p, other_s=other, memory_gib=mem.total_gib, memory=mem,
-        label=label_for(cluster, params),
+        terms=att.terms.scaled(L), label=label_for(cluster, params),
     )
 
 

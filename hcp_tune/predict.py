@@ -14,6 +14,7 @@ the defaults, and the label says which. No torch.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from typing import Any
 
@@ -82,6 +83,7 @@ def _row(c: Candidate, p: Prediction, rank: int, best: float, gpu_mem: float) ->
         "vs_best": p.step_time_s / best,
         "breakdown_s": {"compute_s": p.compute_s, "exposed_a2a_s": p.exposed_a2a_s,
                         "exposed_p2p_s": p.exposed_p2p_s, "other_s": p.other_s},
+        "terms_s": dataclasses.asdict(p.terms),  # the first three sums above, term by term
         "predicted_memory_gib": p.memory_gib,
         "memory_gib": {k: v for k, v in p.as_dict()["memory"].items()},
         "fits_memory": p.memory_gib <= gpu_mem, "flags": list(c.flags),

@@ -193,16 +193,22 @@ def print_predict(pred: dict[str, Any]) -> None:
         show_lines=False,
     )
     for col in ("tp", "seq", "rank", "[a2a,p2p]", "comm", "step ms (pred)", "vs best",
-                "compute ms", "exposed a2a ms", "exposed p2p ms", "other ms",
+                "compute ms", "of it short blocks / few heads ms", "exposed a2a ms",
+                "of it messages / shared link ms", "exposed p2p ms", "of it ring steps ms",
+                "other ms",
                 "memory GiB (pred)", "fits", "note"):
         table.add_column(escape(col), overflow="fold")
     for r in rows:
-        b = r["breakdown_s"]
+        b, t = r["breakdown_s"], r["terms_s"]
         fits = "yes" if r["fits_memory"] else f"[red]no (> {pred['gpu_memory_gib']:g})[/]"
         table.add_row(
             str(r["tp"]), str(r["seq"]), str(r["rank"]), escape(f"[{r['a2a']},{r['p2p']}]"),
             r["comm_type"], _ms(r["predicted_step_time_s"]), f"{r['vs_best']:.3f}x",
-            _ms(b["compute_s"]), _ms(b["exposed_a2a_s"]), _ms(b["exposed_p2p_s"]),
+            _ms(b["compute_s"]),
+            f"{_ms(t['compute_short_block_s'])} / {_ms(t['compute_few_heads_s'])}",
+            _ms(b["exposed_a2a_s"]),
+            f"{_ms(t['a2a_messages_s'])} / {_ms(t['a2a_shared_link_s'])}",
+            _ms(b["exposed_p2p_s"]), _ms(t["ring_step_overhead_s"]),
             _ms(b["other_s"]), f"{r['predicted_memory_gib']:.1f}", fits,
             escape("; ".join(r["flags"])) or "-",
         )

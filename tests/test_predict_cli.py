@@ -36,6 +36,10 @@ def test_predict_json_is_best_first_and_labelled():
         b = c["breakdown_s"]
         assert set(b) == {"compute_s", "exposed_a2a_s", "exposed_p2p_s", "other_s"}
         assert sum(b.values()) == pytest.approx(c["predicted_step_time_s"])
+        t = c["terms_s"]  # the terms of compute, exposed a2a and exposed p2p
+        assert sum(t.values()) == pytest.approx(b["compute_s"] + b["exposed_a2a_s"]
+                                                + b["exposed_p2p_s"])
+        assert (t["a2a_messages_s"] > 0) == (c["a2a"] > 1)
         assert c["memory_gib"]["total_gib"] == pytest.approx(c["predicted_memory_gib"])
     assert out["rejected"] == []
 
