@@ -89,6 +89,12 @@ def local_payload(spec: TrialSpec, workdir: str) -> TrialResult:
     return run_local(spec, workdir=workdir)
 
 
+def local_batch_payload(specs: list[TrialSpec], workdir: str) -> list[TrialResult]:
+    """The local executor's batch job: the batch's ranks as local processes, each trial's
+    result written to its ``result_path`` the moment it ends (the job side does that)."""
+    return run_local_batch(specs, workdir=workdir)
+
+
 def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
                     timeout_s: Optional[float] = None) -> list[TrialResult]:
     """Run trials of one world size one after another in the same local processes."""
@@ -103,7 +109,8 @@ def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
     workdir.mkdir(parents=True, exist_ok=True)
     args, outs = [], []
     for spec in specs:
-        spec_path, out = workdir / f"{spec.trial_id}.spec.json", workdir / f"{spec.trial_id}.result.json"
+        spec_path = workdir / f"{spec.trial_id}.spec.json"
+        out = Path(spec.result_path) if spec.result_path else workdir / f"{spec.trial_id}.result.json"
         atomic_write_text(str(spec_path), to_json(spec))
         for r in range(world):
             rank_out_path(out, r).unlink(missing_ok=True)
