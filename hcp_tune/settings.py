@@ -74,6 +74,8 @@ class RunnerConfig:
     time_limit_s: float = _f("per trial, seconds")
     inject_fault: Optional[Literal["cp_off", "no_groups", "raise", "kill_rank", "hang_rank"]] = \
         _f("tests only: plant a failure the checks must catch")
+    inject_fault_seq: Optional[int] = _f(
+        "tests only: plant inject_fault only in trials of this sequence length", max=SEQ_MAX)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +108,9 @@ class ExecutorConfig:
     mem_gb: Optional[float] = _f("null: the partition's default", expect="a number of GiB > 0")
     exclusive: bool = _f("whole nodes only: no other job shares the links a trial measures")
     array_parallelism: int = _f("most trials of one array running at once")
+    trials_per_job: int = _f(
+        "trials one job runs in the same processes (one import, one world group, a "
+        "layout's groups and proof reused); 1: every trial its own job", max=10000)
     extra_sbatch: dict[str, Any] = _f(
         "more #SBATCH flags; they win over the above",
         expect="a mapping of sbatch flag names to scalar values, e.g. {reservation: bench}")
