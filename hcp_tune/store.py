@@ -33,12 +33,12 @@ TRIAL_COLUMNS = (
     "median_s", "p10_s", "p90_s", "steps", "step_times_s", "peak_mem_bytes",
     "tflops_per_gpu", "wall_s", "mem_note", "backend", "te_backend", "qkv_format", "notes",
     "verified", "fingerprint", "job_id",
-    "log_path",
+    "log_path", "phases_s",
 )
 RECOMMENDATION_COLUMNS = (
     *KEY_FIELDS, "a2a", "p2p", "comm_type", "median_s", "peak_mem_bytes", "runner_up",
     "runner_up_median_s", "margin", "tie", "speedup_vs_p2p", "speedup_vs_a2a", "trials",
-    "ok_trials",
+    "ok_trials", "incomplete", "missing",
 )
 
 
@@ -91,6 +91,9 @@ def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any)
         "fingerprint": json.dumps(result.fingerprint, sort_keys=True),
         "job_id": result.job_id or "",
         "log_path": result.log_path or "",
+        # rank 0's seconds per phase (start, groups, proof, warmup, measure): where a
+        # trial's time outside its measured steps went
+        "phases_s": json.dumps(result.phases_s, sort_keys=True),
         **extra,
     }
 
@@ -210,5 +213,28 @@ def recommendations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "speedup_vs_a2a": (base["a2a"]["median_s"] / best["median_s"]) if "a2a" in base and cp > 1 else None,
             "trials": len(key_rows),
             "ok_trials": sum(r["status"] == "ok" for r in key_rows),
+            "incomplete": bool(missing_layouts(key_rows)),
+            "missing": "; ".join(missing_layouts(key_rows)),
         })
     return out
+
+
+def _why_not(r: dict[str, Any]) -> str:
+    cls = r.get("failure_class")
+    return f"{r['status']} {cls}" if isinstance(cls, str) and cls else str(r["status"])
+
+
+def missing_layouts(key_rows: list[dict[str, Any]]) -> list[str]:
+    """Layouts of a key tried without a valid measurement ("[2,2] cancelled"): the key's
+    ranking is incomplete until they are measured. A layout pruned after some measured
+    steps counts as measured (it lost); one pruned before any, or cancelled, skipped,
+    failed or invalid does not."""
+    measured = {(r["a2a"], r["p2p"]) for r in key_rows
+                if (r["status"] == "ok" and r.get("verified"))
+                or (r["status"] == "pruned" and not _nan(r.get("median_s")))}
+    why: dict[tuple[int, int], str] = {}
+    for r in key_rows:
+        k = (r["a2a"], r["p2p"])
+        if k not in measured:
+            why[k] = _why_not(r)  # the latest row's reason (rows are in trial-id order)
+    return [f"[{a},{p}] {w}" for (a, p), w in sorted(why.items())]

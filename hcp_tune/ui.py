@@ -175,6 +175,9 @@ def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list
         f"median {_fmt(rec['median_s'])} s over {rec['trials']} trial(s)"
         + (" (a tie with the runner-up within measured noise)" if rec.get("tie") else "")
     ))
+    if rec.get("incomplete") and rec.get("missing"):
+        out.print(escape(f"incomplete: not every layout has a valid measurement: "
+                         f"{rec['missing']}; run the same sweep again to measure them"))
     out.print("\nBridge overrides:\n  " + escape(" ".join(overrides)))
     out.print("\nPython:\n  " + "\n  ".join(escape(p) for p in python))
 
