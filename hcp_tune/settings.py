@@ -89,6 +89,9 @@ class SearchConfig:
         "skip layouts predicted more than this factor slower than the best", min=1.0,
         expect="a number >= 1 (e.g. 1.5 skips layouts predicted 50% slower than the best)")
     storage: Optional[str] = _f("optuna storage URL; null: <results_dir>/optuna.journal")
+    budget_gpu_hours: Optional[float] = _f(
+        "stop submitting once the estimate of what was submitted would pass this many "
+        "GPU-hours (rank-hours on a CPU profile)", expect="a number of GPU-hours > 0")
     retry: Union[str, list[str]] = field(default="none", metadata={
         "doc": "stored failures to measure again", "choices": RETRY_CHOICES})
 

@@ -218,6 +218,8 @@ class SweepSummary:
     kept_failures: dict[SweepKey, dict[str, int]] = field(default_factory=dict)
     retried: int = 0  # stored failures measured again because of search.retry
     requeued: int = 0  # trials a broken batch never ran, sent again in a new job
+    estimate: str = ""  # what the planned trials will cost, estimated (cost.Estimate.text)
+    budget_stop: str = ""  # why search.budget_gpu_hours stopped submitting, if it did
     retry: str = "none"  # search.retry as given
 
     def kept_failures_total(self) -> dict[str, int]:
@@ -232,7 +234,8 @@ class Sweeper:
     """One sweep run: plans the work, keeps the slots full, stores every outcome."""
 
     def __init__(self, cfg: SweepConfig, reporter: Any, order: Optional[dict] = None,
-                 skips: Optional[list[dict[str, Any]]] = None) -> None:
+                 skips: Optional[list[dict[str, Any]]] = None,
+                 costs: Optional[dict[tuple[int, int, int], Any]] = None) -> None:
         from hcp_tune import tuner
 
         runner = cfg.runner.name
@@ -259,6 +262,10 @@ class Sweeper:
         self.order = order or {}  # (tp, seq, a2a) -> predicted seconds, best first
         # (tp, seq, a2a) -> why the cost model says not to measure it (skip factor)
         self.skips = {(s["tp"], s["seq"], s["a2a"]): s for s in (skips or [])}
+        # (tp, seq, a2a) -> cost.TrialCost: the estimate stated first, and the budget's
+        self.costs = costs or {}
+        self.budget = cfg.search.budget_gpu_hours
+        self.spent_gpu_hours = 0.0  # the estimate of what this run has submitted
         self.queue: list[Work] = []
         self.running: list[Running] = []
         self.summary = SweepSummary(retry=str(retry))
@@ -380,15 +387,39 @@ class Sweeper:
                     str(self.cfg.results_dir / "trials" / specs[0].trial_id))
         return (slurm_batch_payload, specs)
 
+    def _cost(self, work: Work) -> Any:
+        return self.costs.get((work.cand.tp, work.cand.seq, work.cand.layout.a2a))
+
+    def _stop_for_budget(self, cost: Any) -> None:
+        """The next trial's estimate would take what was submitted past
+        ``search.budget_gpu_hours``: submit nothing more, and say so."""
+        self.summary.budget_stop = (
+            f"search.budget_gpu_hours={self.budget:g}: stopped submitting at an estimated "
+            f"{self.spent_gpu_hours:.3g} GPU-hours submitted (the next trial would add "
+            f"{cost.gpu_hours:.3g}); {len(self.queue)} trial(s) not run: raise the budget and "
+            "run the same command again to resume")
+        self.queue.clear()
+
     def _take_batch(self) -> list[Work]:
         """The next job's trials: up to ``trials_per_job`` queued trials of the first one's
-        world size, in queue order, then grouped by layout (in the order the layouts first
-        appear) so a layout's groups are built once and reused across sequence lengths."""
+        world size, in queue order, within the budget, then grouped by layout (in the order
+        the layouts first appear) so a layout's groups are built once and reused across
+        sequence lengths."""
         world = self.queue[0].cand.tp * self.queue[0].cand.cp
-        picked = [w for w in self.queue if w.cand.tp * w.cand.cp == world]
-        picked = picked[: self.exec_cfg.trials_per_job]
-        for w in picked:
+        picked: list[Work] = []
+        for w in list(self.queue):
+            if len(picked) == self.exec_cfg.trials_per_job:
+                break
+            if w.cand.tp * w.cand.cp != world:
+                continue
+            cost = self._cost(w)
+            if (self.budget is not None and cost is not None
+                    and self.spent_gpu_hours + cost.gpu_hours > self.budget):
+                self._stop_for_budget(cost)
+                break
+            self.spent_gpu_hours += cost.gpu_hours if cost else 0.0
             self.queue.remove(w)
+            picked.append(w)
         first: dict[tuple, int] = {}
         for i, w in enumerate(picked):
             first.setdefault((w.cand.tp, w.cand.layout.a2a), i)
@@ -401,7 +432,10 @@ class Sweeper:
         batches: list[list[Member]] = []
         while free > 0 and self.queue:
             members = []
-            for work in self._take_batch():
+            works = self._take_batch()
+            if not works:
+                break  # the budget stopped it
+            for work in works:
                 number, trial_id, a2a = work.study.ask(work.cand.layout.a2a, work.key.slug)
                 cand = next(c for c in work.kept if c.layout.a2a == a2a)
                 spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
@@ -559,6 +593,12 @@ class Sweeper:
     # ---------------------------------------------------------------- the loop
     def run(self) -> SweepSummary:
         self.plan()
+        if self.costs:
+            from hcp_tune import cost
+
+            planned = [self._cost(w) for w in self.queue]
+            self.summary.estimate = cost.estimate([c for c in planned if c]).text(
+                self.cfg.cluster.device == "cpu")
         self.reporter.start(len(self.queue) + sum(len(r.members) for r in self.running),
                             self.summary)
         try:

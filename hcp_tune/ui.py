@@ -54,6 +54,8 @@ def print_plan(plan: dict[str, Any]) -> None:
             _groups(r["groups"]["a2a"]), _groups(r["groups"]["p2p"]), escape(why),
         )
     console().print(table)
+    if plan.get("estimate"):
+        console().print(escape(f"sweep cost of the kept layouts: {plan['estimate']['text']}"))
 
 
 def print_findings(findings: Iterable[Any], source: str) -> None:
@@ -88,6 +90,8 @@ class SweepReporter:
     def start(self, total: int, summary: Any) -> None:
         self.total = total
         head = f"sweep: {total} trial(s) to run"
+        if getattr(summary, "estimate", ""):
+            head += f" ({summary.estimate})"
         if summary.resumed or summary.reattached:
             head += (f"; resumed: {summary.resumed} already stored, "
                      f"{summary.reattached} re-attached by job id")
