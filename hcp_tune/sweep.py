@@ -22,6 +22,7 @@ from typing import Any, Optional
 from hcp_tune import dispatch
 from hcp_tune.config import SweepConfig
 # the jobs' payloads: defined on the job side, so a job imports none of the orchestrator
+from hcp_tune.job.entry import merge_root_cause
 from hcp_tune.job.payload import slurm_batch_payload
 from hcp_tune.launch import local_batch_payload
 from hcp_tune.layout import Candidate
@@ -98,13 +99,15 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
 
 
 def read_result(spec: TrialSpec) -> Optional[TrialResult]:
-    """The result a batch job wrote for this trial (rank 0's), or None while there is none."""
+    """The result a batch job wrote for this trial (rank 0's, with a peer's root cause
+    merged in: ``merge_root_cause``), or None while there is none."""
     if not spec.result_path:
         return None
     try:
-        return result_from_json(Path(spec.result_path).read_text())
+        res = result_from_json(Path(spec.result_path).read_text())
     except (OSError, ValueError):
         return None  # not written yet (the write itself is atomic)
+    return merge_root_cause(res, Path(spec.result_path), spec.world_size)
 
 
 def read_progress(path: Optional[str]) -> list[float]:
@@ -527,7 +530,7 @@ class Sweeper:
             returned = [returned]
         by_id = {r.trial_id: r for r in (returned or []) if isinstance(r, TrialResult)}
         for m in run.open():  # the launcher's final results carry a peer's root cause
-            res = by_id.get(m.spec.trial_id) or read_result(m.spec)
+            res = read_result(m.spec) or by_id.get(m.spec.trial_id)
             if res is not None and res.status is not Status.SKIPPED:
                 self.record(run, m, res)
         verdict: Optional[TrialResult] = None

@@ -14,7 +14,7 @@ import pytest
 from conftest import make_spec
 from hcp_tune.layout import Layout
 from hcp_tune.spec import Status, result_from_json
-from test_sweep import TINY, hcp, rows, squeue_ids, start, wait_for
+from test_sweep import TINY, ctrl_c_once_submitted, hcp, rows, squeue_ids, start, wait_for
 
 BATCH = [*TINY, "search.early_stop=false", "executor.trials_per_job=6"]
 
@@ -108,14 +108,8 @@ def test_killed_orchestrator_mid_batch_resumes_without_losing_or_rerunning(slurm
 @pytest.mark.slurm
 def test_ctrl_c_reaches_the_trials_of_a_running_batch(slurm_cluster, tmp_path):
     res = tmp_path / "results"
-    proc = start("sweep", "cp=2", "seq=[256,512]", *BATCH, "runner.measure_steps=100000",
-                 "executor=slurm", f"results_dir={res}")
-    journal = res / "optuna.journal"
-    wait_for(lambda: journal.exists() and "job_id" in journal.read_text(), what="a submitted job")
-    os.killpg(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out
-    got = rows(res)
+    got, _ = ctrl_c_once_submitted(res, "cp=2", "seq=[256,512]", "search.early_stop=false",
+                                   "executor.trials_per_job=6")
     assert len(got) == 4 and {x["status"] for x in got} == {"cancelled"}
     assert not ({x["job_id"] for x in got} & squeue_ids())
     assert all((res / "trials" / f"{x['trial_id']}.stop").exists() for x in got)
@@ -184,3 +178,26 @@ def test_plan_states_the_cost_as_an_estimate():
     est = json.loads(r.stdout)["estimate"]
     assert est["trials"] == 2 and est["label"] == "estimate" and est["gpu_hours"] > 0
     assert est["text"].startswith("estimate: 2 trial(s), ")
+
+
+def test_a_peers_root_cause_is_merged_once_for_either_executor(tmp_path):
+    """The one merge (job.entry.merge_root_cause) that the local launcher and the
+    orchestrator's reading of any executor's result file both go through."""
+    from hcp_tune.job.entry import rank_out_path
+    from hcp_tune.spec import FailureClass, TrialResult, to_json
+    from hcp_tune.sweep import read_result
+
+    out = tmp_path / "t.result.json"
+    lost = TrialResult(trial_id="t", status=Status.FAILED, failure_class=FailureClass.COMM,
+                       error="DistBackendError: Connection closed by peer")
+    own = TrialResult(trial_id="t", status=Status.FAILED, failure_class=FailureClass.OOM,
+                      error="OutOfMemoryError: CUDA out of memory")
+    out.write_text(to_json(lost))
+    rank_out_path(out, 1).write_text(to_json(lost))
+    rank_out_path(out, 2).write_text(to_json(own))
+    spec = make_spec(Layout(1, 4), trial_id="t", result_path=str(out))
+    expected = ("DistBackendError: Connection closed by peer "
+                "(cause: oom: OutOfMemoryError: CUDA out of memory)")
+    assert read_result(spec).error == expected
+    out.write_text(to_json(read_result(spec)))  # as the launcher rewrites it
+    assert read_result(spec).error == expected  # merged once, not twice

@@ -101,18 +101,24 @@ def test_killed_sweep_resumes_without_losing_or_rerunning(slurm_cluster, tmp_pat
         (1, "ok"), (2, "ok"), (4, "ok")]
 
 
-@pytest.mark.slurm
-def test_ctrl_c_cancels_outstanding_jobs(slurm_cluster, tmp_path):
-    res = tmp_path / "results"
-    proc = start("sweep", "cp=2", "seq=1024", *TINY, "runner.measure_steps=100000",
-                 "executor=slurm", f"results_dir={res}")
+def ctrl_c_once_submitted(res: Path, *args) -> tuple[list[dict], set[str]]:
+    """Start a sweep that would run for ever, press Ctrl-C once a job is submitted; the rows
+    stored and the SLURM jobs that were queued just before the interrupt."""
+    proc = start("sweep", *args, *TINY, "runner.measure_steps=100000", "executor=slurm",
+                 f"results_dir={res}")
     journal = res / "optuna.journal"
     wait_for(lambda: journal.exists() and "job_id" in journal.read_text(), what="a submitted job")
     before = squeue_ids()
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    got = rows(res)
+    return rows(res), before
+
+
+@pytest.mark.slurm
+def test_ctrl_c_cancels_outstanding_jobs(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    got, before = ctrl_c_once_submitted(res, "cp=2", "seq=1024")
     assert got and {x["status"] for x in got} == {"cancelled"}
     assert not ({x["job_id"] for x in got} & squeue_ids() & before)
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 
 from hcp_tune.spec import (
     FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, classify_error_text,
-    first_error_line, spec_from_json, to_json,
+    first_error_line, result_from_json, spec_from_json, to_json,
 )
 
 FAULTS = (None, "cp_off", "no_groups", "raise", "kill_rank", "hang_rank")
@@ -482,6 +482,25 @@ def run_batch(specs: list[TrialSpec]) -> list[TrialResult]:
 
 def rank_out_path(out: Path, rank: int) -> Path:
     return out if rank == 0 else out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
+
+
+def merge_root_cause(res: TrialResult, out: Path, world: int) -> TrialResult:
+    """The one place a peer's root cause joins rank 0's result: when rank 0 only saw a
+    lost peer (``comm``), the first other rank that failed for its own reason is named
+    (``... (cause: oom: ...)``). Both executors' results pass through it (the local
+    launcher, and the orchestrator for every result it reads); applying it twice is safe."""
+    if (res.status != Status.FAILED or res.failure_class != FailureClass.COMM
+            or "(cause: " in (res.error or "")):
+        return res
+    for r in range(1, world):
+        try:
+            other = result_from_json(rank_out_path(Path(out), r).read_text())
+        except (OSError, ValueError):
+            continue
+        if other.status == Status.FAILED and other.failure_class not in (None, FailureClass.COMM):
+            res.error = f"{res.error} (cause: {other.failure_class.value}: {other.error})"
+            break
+    return res
 
 
 def main(argv: Optional[list[str]] = None) -> int:
