@@ -405,15 +405,18 @@ class Sweeper:
 
     def _take_batch(self) -> list[Work]:
         """The next job's trials: up to ``trials_per_job`` queued trials of the first one's
-        world size, in queue order, within the budget, then grouped by layout (in the order
+        world size, in queue order, within the budget, at most one per layout and key (a
+        repeat runs in another job: another allocation, other processes, so repeats
+        sample what varies between jobs), then grouped by layout (in the order
         the layouts first appear) so a layout's groups are built once and reused across
         sequence lengths."""
         world = self.queue[0].cand.tp * self.queue[0].cand.cp
         picked: list[Work] = []
+        taken: set[tuple] = set()  # (key, a2a): a repeat goes to another job, not this one
         for w in list(self.queue):
             if len(picked) == self.exec_cfg.trials_per_job:
                 break
-            if w.cand.tp * w.cand.cp != world:
+            if w.cand.tp * w.cand.cp != world or (w.key, w.cand.layout.a2a) in taken:
                 continue
             cost = self._cost(w)
             if (self.budget is not None and cost is not None
@@ -423,6 +426,7 @@ class Sweeper:
             self.spent_gpu_hours += cost.gpu_hours if cost else 0.0
             self.queue.remove(w)
             picked.append(w)
+            taken.add((w.key, w.cand.layout.a2a))
         first: dict[tuple, int] = {}
         for i, w in enumerate(picked):
             first.setdefault((w.cand.tp, w.cand.layout.a2a), i)

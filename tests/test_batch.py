@@ -201,3 +201,30 @@ def test_a_peers_root_cause_is_merged_once_for_either_executor(tmp_path):
     assert read_result(spec).error == expected
     out.write_text(to_json(read_result(spec)))  # as the launcher rewrites it
     assert read_result(spec).error == expected  # merged once, not twice
+
+
+@pytest.mark.multiproc
+def test_repeats_of_a_layout_run_in_different_jobs(tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "seq=256", *BATCH, "search.repeats=2", "executor=local",
+            f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(res)
+    assert _per_layout(got) == {(256, 1): 2, (256, 2): 2}
+    for a2a in (1, 2):
+        assert len({x["job_id"] for x in got if x["a2a"] == a2a}) == 2
+
+
+def test_recommend_names_the_layouts_a_key_is_missing(tmp_path):
+    from hcp_tune.store import ResultStore, SweepKey
+    from test_incomplete import KEY, row
+
+    store = ResultStore(tmp_path)
+    for r in (row(1, "ok", 0.1), row(2, "cancelled")):
+        store.add(r, SweepKey(**KEY))
+    store.rebuild()
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=256",
+            f"results_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert ("incomplete: not every layout has a valid measurement: [2,1] cancelled; run the "
+            "same sweep again to measure them") in r.stdout
