@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from hcp_tune.errors import HcpError
 from hcp_tune.noise import row_noise
 from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
 
@@ -33,13 +34,20 @@ TRIAL_COLUMNS = (
     "median_s", "p10_s", "p90_s", "steps", "step_times_s", "peak_mem_bytes",
     "tflops_per_gpu", "wall_s", "mem_note", "backend", "te_backend", "qkv_format", "notes",
     "verified", "fingerprint", "job_id",
-    "log_path", "phases_s",
+    "log_path", "phases_s", "schema_version",
 )
+# The version of a stored row's fields. Rows written before it existed have none and read
+# as version 1 (their fields are a subset); a row from a newer hcp-tune is refused.
+ROW_SCHEMA = 1
 RECOMMENDATION_COLUMNS = (
     *KEY_FIELDS, "a2a", "p2p", "comm_type", "median_s", "peak_mem_bytes", "runner_up",
     "runner_up_median_s", "margin", "tie", "speedup_vs_p2p", "speedup_vs_a2a", "trials",
     "ok_trials", "incomplete", "missing",
 )
+
+
+class ResultsTooNew(HcpError):
+    """The results folder holds rows of a newer schema than this version reads."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,7 @@ def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any)
         # rank 0's seconds per phase (start, groups, proof, warmup, measure): where a
         # trial's time outside its measured steps went
         "phases_s": json.dumps(result.phases_s, sort_keys=True),
+        "schema_version": ROW_SCHEMA,
         **extra,
     }
 
@@ -129,12 +138,21 @@ class ResultStore:
         atomic_write_text(str(self.row_path(key, row["trial_id"])), json.dumps(row, default=str))
 
     def rows(self) -> list[dict[str, Any]]:
+        """Every stored row (dicts with the trials.csv columns). Raises ``ResultsTooNew``
+        for a row written by a newer hcp-tune, whose fields this one cannot vouch for."""
         out = []
         for path in sorted((self.root / "rows").glob("*/*.json")):
             try:
-                out.append(json.loads(path.read_text()))
+                row = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError):
                 continue  # a foreign or damaged file must not hide the rest
+            version = row.get("schema_version", 1) if isinstance(row, dict) else 1
+            if isinstance(version, int) and version > ROW_SCHEMA:
+                raise ResultsTooNew(
+                    f"{path}: row schema {version} > {ROW_SCHEMA}, the newest this hcp-tune "
+                    "reads: it was written by a newer hcp-tune; upgrade hcp-tune, or use "
+                    "another results_dir")
+            out.append(row)
         return out
 
     def rebuild(self) -> tuple[Path, Path]:

@@ -38,3 +38,22 @@ def test_pruned_after_measuring_counts_as_measured_but_not_before():
 
 def test_key_type_is_unchanged():
     assert SweepKey(**KEY).name.startswith("cluster=local|model=tiny")
+
+
+def test_rows_from_a_newer_schema_are_refused_with_what_to_do(tmp_path):
+    import json
+
+    import pytest
+
+    from hcp_tune.store import ResultStore, ResultsTooNew
+
+    store = ResultStore(tmp_path)
+    store.add({**row(1, "ok", 0.1), "schema_version": 99}, SweepKey(**KEY))
+    with pytest.raises(ResultsTooNew, match=r"row schema 99 > 1, the newest this hcp-tune "
+                                            r"reads: .* upgrade hcp-tune, or use another"):
+        store.rows()
+    old = {k: v for k, v in row(1, "ok", 0.1).items()}  # written before versions: read
+    (tmp_path / "rows").mkdir(exist_ok=True)
+    for p in (tmp_path / "rows").glob("*/*.json"):
+        p.write_text(json.dumps(old))
+    assert store.rows() == [old]
