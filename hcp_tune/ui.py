@@ -90,8 +90,6 @@ class SweepReporter:
     def start(self, total: int, summary: Any) -> None:
         self.total = total
         head = f"sweep: {total} trial(s) to run"
-        if getattr(summary, "estimate", ""):
-            head += f" ({summary.estimate})"
         if summary.resumed or summary.reattached:
             head += (f"; resumed: {summary.resumed} already stored, "
                      f"{summary.reattached} re-attached by job id")
@@ -102,6 +100,8 @@ class SweepReporter:
         if kept:
             head += (f"; of those, {by_class_text(kept)} and are kept: search.retry=failed "
                      f"(or a class, e.g. search.retry={min(kept)}) measures them again")
+        if total and getattr(summary, "estimate", ""):
+            head += f"; {summary.estimate}"
         console().print(escape(head))
         if self.live_mode and total:
             from rich.live import Live

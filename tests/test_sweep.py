@@ -81,11 +81,9 @@ def test_sweep_measures_ranks_and_recommends(slurm_cluster, tmp_path):
     assert len(rows(res)) == 6
 
 
-@pytest.mark.slurm
-def test_killed_sweep_resumes_without_losing_or_rerunning(slurm_cluster, tmp_path):
-    res = tmp_path / "results"
-    args = ["sweep", "cp=4", "seq=2048", *TINY, "executor=slurm", "executor.array_parallelism=1",
-            f"results_dir={res}"]
+def kill_after_first_row_and_resume(res: Path, args: list[str]) -> tuple[dict, dict, str]:
+    """SIGKILL the sweep once a trial is stored, run it again; (rows before, rows after,
+    the second run's stdout), after checking that nothing stored changed."""
     proc = start(*args)
     wait_for(lambda: len(rows(res)) >= 1, what="the first stored trial")
     os.killpg(proc.pid, signal.SIGKILL)
@@ -93,10 +91,19 @@ def test_killed_sweep_resumes_without_losing_or_rerunning(slurm_cluster, tmp_pat
     first = {x["trial_id"]: x for x in rows(res)}
     r = hcp(*args)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "resumed:" in r.stdout
     after = {x["trial_id"]: x for x in rows(res)}
     for tid, row in first.items():
         assert after[tid] == row  # nothing measured was lost or re-measured
+    return first, after, r.stdout
+
+
+@pytest.mark.slurm
+def test_killed_sweep_resumes_without_losing_or_rerunning(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    args = ["sweep", "cp=4", "seq=2048", *TINY, "executor=slurm", "executor.array_parallelism=1",
+            f"results_dir={res}"]
+    first, after, out = kill_after_first_row_and_resume(res, args)
+    assert "resumed:" in out
     assert sorted((x["a2a"], x["status"]) for x in after.values()) == [
         (1, "ok"), (2, "ok"), (4, "ok")]
 
