@@ -126,6 +126,15 @@ def make_executor(
     return ex
 
 
+def scale_time_limit(executor: Any, cfg: ExecutorConfig, trials: int) -> None:
+    """A job that runs ``trials`` trials gets ``executor.time_limit_min`` for each."""
+    minutes = cfg.time_limit_min * trials
+    if isinstance(executor, submitit.LocalExecutor):
+        executor.update_parameters(timeout_min=minutes)
+    else:
+        executor.update_parameters(time=minutes)
+
+
 # ----------------------------------------------------------------------------- job handles
 
 

@@ -39,7 +39,7 @@ from typing import Optional
 
 # both import only the standard library at module level (torch is imported inside the job)
 from hcp_tune.job.dist import free_port
-from hcp_tune.job.entry import rank_out_path
+from hcp_tune.job.entry import merge_root_cause, rank_out_path
 from hcp_tune.spec import (
     FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, classify_error_text,
     first_error_line, result_from_json, to_json,
@@ -89,6 +89,12 @@ def local_payload(spec: TrialSpec, workdir: str) -> TrialResult:
     return run_local(spec, workdir=workdir)
 
 
+def local_batch_payload(specs: list[TrialSpec], workdir: str) -> list[TrialResult]:
+    """The local executor's batch job: the batch's ranks as local processes, each trial's
+    result written to its ``result_path`` the moment it ends (the job side does that)."""
+    return run_local_batch(specs, workdir=workdir)
+
+
 def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
                     timeout_s: Optional[float] = None) -> list[TrialResult]:
     """Run trials of one world size one after another in the same local processes."""
@@ -103,7 +109,8 @@ def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
     workdir.mkdir(parents=True, exist_ok=True)
     args, outs = [], []
     for spec in specs:
-        spec_path, out = workdir / f"{spec.trial_id}.spec.json", workdir / f"{spec.trial_id}.result.json"
+        spec_path = workdir / f"{spec.trial_id}.spec.json"
+        out = Path(spec.result_path) if spec.result_path else workdir / f"{spec.trial_id}.result.json"
         atomic_write_text(str(spec_path), to_json(spec))
         for r in range(world):
             rank_out_path(out, r).unlink(missing_ok=True)
@@ -156,12 +163,7 @@ def _collect(spec, out, world, logs, codes, timed_out, limit, wall) -> TrialResu
             per_rank[r] = result_from_json(path.read_text())
     res = per_rank.get(0)
     if res is not None:
-        if res.status == Status.FAILED and res.failure_class == FailureClass.COMM:
-            # rank 0 only saw a lost peer: a rank that failed for its own reason is the cause
-            causes = [x for r, x in sorted(per_rank.items())
-                      if r and x.status == Status.FAILED and x.failure_class != FailureClass.COMM]
-            if causes:
-                res.error = f"{res.error} (cause: {causes[0].failure_class.value}: {causes[0].error})"
+        merge_root_cause(res, out, world)
         dead = [r for r in range(world) if r not in per_rank]
         if dead and res.status == Status.FAILED:
             res.error = f"{res.error}; ranks {dead} exited with codes {[codes[r] for r in dead]}"

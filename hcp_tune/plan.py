@@ -60,9 +60,22 @@ def row(c: Candidate) -> dict[str, Any]:
 
 
 def plan_rows(cfg: SweepConfig) -> dict[str, Any]:
+    cands = candidates(cfg)
     return {
         "cluster": cfg.cluster.name,
         "model": cfg.model.name,
         "cp": cfg.cp,
-        "candidates": [row(c) for c in candidates(cfg)],
+        "candidates": [row(c) for c in cands],
+        "estimate": sweep_estimate(cfg, cands),
     }
+
+
+def sweep_estimate(cfg: SweepConfig, cands: list[Candidate]) -> dict[str, Any]:
+    """What measuring every kept layout ``search.repeats`` times would cost (an estimate)."""
+    from hcp_tune import cost, predict
+
+    per = cost.costs_by_layout(cfg, predict.ordering(cfg, cands))
+    costs = [c for c in per.values() for _ in range(cfg.search.repeats)]
+    est = cost.estimate(costs)
+    return {"trials": est.trials, "node_hours": est.node_hours, "gpu_hours": est.gpu_hours,
+            "label": "estimate", "text": est.text(cfg.cluster.device == "cpu")}

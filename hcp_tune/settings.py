@@ -74,6 +74,8 @@ class RunnerConfig:
     time_limit_s: float = _f("per trial, seconds")
     inject_fault: Optional[Literal["cp_off", "no_groups", "raise", "kill_rank", "hang_rank"]] = \
         _f("tests only: plant a failure the checks must catch")
+    inject_fault_seq: Optional[int] = _f(
+        "tests only: plant inject_fault only in trials of this sequence length", max=SEQ_MAX)
     recipe: Optional[str] = _f("runner=bridge: a Bridge recipe function to start from; "
                                "null: a GPT built from the model profile's dimensions")
     overrides: list[str] = _f("runner=bridge: Bridge KEY=VALUE overrides, applied last")
@@ -100,6 +102,9 @@ class SearchConfig:
         "skip layouts predicted more than this factor slower than the best", min=1.0,
         expect="a number >= 1 (e.g. 1.5 skips layouts predicted 50% slower than the best)")
     storage: Optional[str] = _f("optuna storage URL; null: <results_dir>/optuna.journal")
+    budget_gpu_hours: Optional[float] = _f(
+        "stop submitting once the estimate of what was submitted would pass this many "
+        "GPU-hours (rank-hours on a CPU profile)", expect="a number of GPU-hours > 0")
     retry: Union[str, list[str]] = field(default="none", metadata={
         "doc": "stored failures to measure again", "choices": RETRY_CHOICES})
 
@@ -119,6 +124,9 @@ class ExecutorConfig:
     mem_gb: Optional[float] = _f("null: the partition's default", expect="a number of GiB > 0")
     exclusive: bool = _f("whole nodes only: no other job shares the links a trial measures")
     array_parallelism: int = _f("most trials of one array running at once")
+    trials_per_job: int = _f(
+        "trials one job runs in the same processes (one import, one world group, a "
+        "layout's groups and proof reused); 1: every trial its own job", max=10000)
     extra_sbatch: dict[str, Any] = _f(
         "more #SBATCH flags; they win over the above",
         expect="a mapping of sbatch flag names to scalar values, e.g. {reservation: bench}")

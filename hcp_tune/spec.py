@@ -79,6 +79,13 @@ class TrialSpec:
     peak_tflops: Optional[float] = None  # hardware ceiling: a faster measurement is invalid
     device: str = "any"  # cuda: the cluster profile promises GPUs, a node without is an error
     progress_path: Optional[str] = None  # per-step progress lines for early stopping
+    # where rank 0 writes this trial's TrialResult the moment it ends (rank r > 0 beside it,
+    # ``.rank<r>``): the orchestrator polls it, so a batch's trials land one by one
+    result_path: Optional[str] = None
+    # the orchestrator creates this file to stop the trial (early stop, Ctrl-C); the job
+    # checks it before every step and ends the trial PRUNED with the steps it has, its
+    # text (the reason) becoming the result's error
+    stop_path: Optional[str] = None
     env_tag: str = "default"
     # runner=bridge only: a Bridge recipe function to start from (None: build the model from
     # the dimensions above) and Bridge KEY=VALUE overrides applied last (job/bridge_config.py)
@@ -132,6 +139,10 @@ class TrialResult:
     log_path: Optional[str] = None
     job_id: Optional[str] = None
     wall_s: Optional[float] = None  # the whole trial on rank 0: start-up, groups, proof, timing
+    # rank 0's seconds per phase of this trial: groups (built, or 0 when reused), proof (0
+    # when this layout was proven earlier in the same processes), warmup, measure, and
+    # start (imports, world group: only the first trial of a process set pays it)
+    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 def _to_dict(obj: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from hcp_tune.errors import HcpError
 from hcp_tune.noise import row_noise
 from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
 
@@ -33,13 +34,20 @@ TRIAL_COLUMNS = (
     "median_s", "p10_s", "p90_s", "steps", "step_times_s", "peak_mem_bytes",
     "tflops_per_gpu", "wall_s", "mem_note", "backend", "te_backend", "qkv_format", "notes",
     "verified", "fingerprint", "job_id",
-    "log_path",
+    "log_path", "phases_s", "schema_version",
 )
+# The version of a stored row's fields. Rows written before it existed have none and read
+# as version 1 (their fields are a subset); a row from a newer hcp-tune is refused.
+ROW_SCHEMA = 1
 RECOMMENDATION_COLUMNS = (
     *KEY_FIELDS, "a2a", "p2p", "comm_type", "median_s", "peak_mem_bytes", "runner_up",
     "runner_up_median_s", "margin", "tie", "speedup_vs_p2p", "speedup_vs_a2a", "trials",
-    "ok_trials",
+    "ok_trials", "incomplete", "missing",
 )
+
+
+class ResultsTooNew(HcpError):
+    """The results folder holds rows of a newer schema than this version reads."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,10 @@ def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any)
         "fingerprint": json.dumps(result.fingerprint, sort_keys=True),
         "job_id": result.job_id or "",
         "log_path": result.log_path or "",
+        # rank 0's seconds per phase (start, groups, proof, warmup, measure): where a
+        # trial's time outside its measured steps went
+        "phases_s": json.dumps(result.phases_s, sort_keys=True),
+        "schema_version": ROW_SCHEMA,
         **extra,
     }
 
@@ -131,12 +143,21 @@ class ResultStore:
         atomic_write_text(str(self.row_path(key, row["trial_id"])), json.dumps(row, default=str))
 
     def rows(self) -> list[dict[str, Any]]:
+        """Every stored row (dicts with the trials.csv columns). Raises ``ResultsTooNew``
+        for a row written by a newer hcp-tune, whose fields this one cannot vouch for."""
         out = []
         for path in sorted((self.root / "rows").glob("*/*.json")):
             try:
-                out.append(json.loads(path.read_text()))
+                row = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError):
                 continue  # a foreign or damaged file must not hide the rest
+            version = row.get("schema_version", 1) if isinstance(row, dict) else 1
+            if isinstance(version, int) and version > ROW_SCHEMA:
+                raise ResultsTooNew(
+                    f"{path}: row schema {version} > {ROW_SCHEMA}, the newest this hcp-tune "
+                    "reads: it was written by a newer hcp-tune; upgrade hcp-tune, or use "
+                    "another results_dir")
+            out.append(row)
         return out
 
     def rebuild(self) -> tuple[Path, Path]:
@@ -215,5 +236,28 @@ def recommendations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "speedup_vs_a2a": (base["a2a"]["median_s"] / best["median_s"]) if "a2a" in base and cp > 1 else None,
             "trials": len(key_rows),
             "ok_trials": sum(r["status"] == "ok" for r in key_rows),
+            "incomplete": bool(missing_layouts(key_rows)),
+            "missing": "; ".join(missing_layouts(key_rows)),
         })
     return out
+
+
+def _why_not(r: dict[str, Any]) -> str:
+    cls = r.get("failure_class")
+    return f"{r['status']} {cls}" if isinstance(cls, str) and cls else str(r["status"])
+
+
+def missing_layouts(key_rows: list[dict[str, Any]]) -> list[str]:
+    """Layouts of a key tried without a valid measurement ("[2,2] cancelled"): the key's
+    ranking is incomplete until they are measured. A layout pruned after some measured
+    steps counts as measured (it lost); one pruned before any, or cancelled, skipped,
+    failed or invalid does not."""
+    measured = {(r["a2a"], r["p2p"]) for r in key_rows
+                if (r["status"] == "ok" and r.get("verified"))
+                or (r["status"] == "pruned" and not _nan(r.get("median_s")))}
+    why: dict[tuple[int, int], str] = {}
+    for r in key_rows:
+        k = (r["a2a"], r["p2p"])
+        if k not in measured:
+            why[k] = _why_not(r)  # the latest row's reason (rows are in trial-id order)
+    return [f"[{a},{p}] {w}" for (a, p), w in sorted(why.items())]

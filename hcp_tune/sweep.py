@@ -22,13 +22,17 @@ from typing import Any, Optional
 from hcp_tune import dispatch
 from hcp_tune.config import SweepConfig
 # the jobs' payloads: defined on the job side, so a job imports none of the orchestrator
-from hcp_tune.job.payload import slurm_payload
-from hcp_tune.launch import local_payload
+from hcp_tune.job.entry import merge_root_cause
+from hcp_tune.job.payload import slurm_batch_payload
+from hcp_tune.launch import local_batch_payload
 from hcp_tune.layout import Candidate
 from hcp_tune.noise import row_noise
 from hcp_tune.plan import candidates
 from hcp_tune.settings import RETRY_CHOICES
-from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec, classify_error_text
+from hcp_tune.spec import (
+    FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, classify_error_text,
+    result_from_json,
+)
 from hcp_tune.store import ResultStore, SweepKey, trial_row
 
 POLL_INTERVAL_S = 1.0  # how often the orchestrator polls jobs and progress files
@@ -67,9 +71,17 @@ def _count(counts: dict, key: Any, label: str) -> None:
     per_key[label] = per_key.get(label, 0) + 1
 
 
+# a SLURM job that ended from outside (an administrator, preemption, a node lost): the trial
+# did not fail, it was interrupted, and the next run measures it again
+OUTSIDE_ENDINGS = frozenset({"CANCELLED", "PREEMPTED", "NODE_FAIL", "REQUEUED", "BOOT_FAIL",
+                             "DEADLINE", "REVOKED"})
+
+
 def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Path) -> TrialSpec:
-    """The trial a candidate layout runs, with the ranks its groups must have."""
+    """The trial a candidate layout runs, with the ranks its groups must have; its result
+    and stop files sit beside the progress folder, under ``<results_dir>/trials``."""
     r, m = cfg.runner, cfg.model
+    trials_dir = progress_dir.parent / "trials"
     return TrialSpec(
         trial_id=trial_id, a2a=cand.layout.a2a, p2p=cand.layout.p2p, tp=cand.tp,
         seq=cand.seq, mbs=cfg.mbs, dtype="fp32" if cfg.cluster.device == "cpu" else cfg.dtype,
@@ -80,8 +92,23 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
         expected_groups=cand.groups.as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
         device=cfg.cluster.device,
         progress_path=str(progress_dir / f"{trial_id}.jsonl"), env_tag=cfg.env_tag,
-        inject_fault=r.inject_fault, bridge_recipe=r.recipe, bridge_overrides=list(r.overrides),
+        result_path=str(trials_dir / f"{trial_id}.result.json"),
+        stop_path=str(trials_dir / f"{trial_id}.stop"),
+        bridge_recipe=r.recipe, bridge_overrides=list(r.overrides),
+        inject_fault=r.inject_fault if r.inject_fault_seq in (None, cand.seq) else None,
     )
+
+
+def read_result(spec: TrialSpec) -> Optional[TrialResult]:
+    """The result a batch job wrote for this trial (rank 0's, with a peer's root cause
+    merged in: ``merge_root_cause``), or None while there is none."""
+    if not spec.result_path:
+        return None
+    try:
+        res = result_from_json(Path(spec.result_path).read_text())
+    except (OSError, ValueError):
+        return None  # not written yet (the write itself is atomic)
+    return merge_root_cause(res, Path(spec.result_path), spec.world_size)
 
 
 def read_progress(path: Optional[str]) -> list[float]:
@@ -124,7 +151,17 @@ def partial_result(spec: TrialSpec, status: Status, steps: list[float], error: s
 
 
 def failed_from_job(spec: TrialSpec, outcome: dispatch.JobOutcome) -> TrialResult:
-    """A job that ended without a trial result (killed, timed out, crashed on start)."""
+    """A job that ended without a trial result (killed, timed out, crashed on start).
+
+    Ended from outside (scancel, preemption, a node lost, a requeue): ``cancelled``, which
+    the next run measures again; otherwise ``failed`` with SLURM's verdict or the error."""
+    sched = (outcome.scheduler_state or "").upper()
+    if outcome.state == dispatch.JobState.CANCELLED or sched in OUTSIDE_ENDINGS:
+        res = partial_result(spec, Status.CANCELLED, read_progress(spec.progress_path),
+                             f"job ended from outside the sweep ({sched or 'cancelled'}); "
+                             "measured again on the next run")
+        res.log_path = str(outcome.stderr) if outcome.stderr else None
+        return res
     # SLURM's own verdicts first; otherwise the error text, read as the job side reads it
     cls = {"TIMEOUT": FailureClass.TIME_LIMIT, "OUT_OF_MEMORY": FailureClass.OOM}.get(
         (outcome.scheduler_state or "").upper()) or classify_error_text(outcome.error or "")
@@ -135,13 +172,29 @@ def failed_from_job(spec: TrialSpec, outcome: dispatch.JobOutcome) -> TrialResul
 
 
 @dataclass
-class Running:
+class Member:
+    """One trial of a running batch job."""
+
     key: SweepKey
     study: Any
     number: int
     spec: TrialSpec
+    cand: Optional[Candidate] = None
+    kept: list[Candidate] = field(default_factory=list)
+    done: bool = False  # its outcome is stored
+    stopping: bool = False  # its stop file is written (early stop)
+
+
+@dataclass
+class Running:
+    """A job and the trials it runs, in order, in the same processes."""
+
+    members: list[Member]
     handle: dispatch.JobHandle
     state: str = "pending"
+
+    def open(self) -> list[Member]:
+        return [m for m in self.members if not m.done]
 
 
 @dataclass
@@ -168,6 +221,9 @@ class SweepSummary:
     failures: dict[SweepKey, dict[str, int]] = field(default_factory=dict)
     kept_failures: dict[SweepKey, dict[str, int]] = field(default_factory=dict)
     retried: int = 0  # stored failures measured again because of search.retry
+    requeued: int = 0  # trials a broken batch never ran, sent again in a new job
+    estimate: str = ""  # what the planned trials will cost, estimated (cost.Estimate.text)
+    budget_stop: str = ""  # why search.budget_gpu_hours stopped submitting, if it did
     retry: str = "none"  # search.retry as given
 
     def kept_failures_total(self) -> dict[str, int]:
@@ -182,7 +238,8 @@ class Sweeper:
     """One sweep run: plans the work, keeps the slots full, stores every outcome."""
 
     def __init__(self, cfg: SweepConfig, reporter: Any, order: Optional[dict] = None,
-                 skips: Optional[list[dict[str, Any]]] = None) -> None:
+                 skips: Optional[list[dict[str, Any]]] = None,
+                 costs: Optional[dict[tuple[int, int, int], Any]] = None) -> None:
         from hcp_tune import tuner
 
         runner = cfg.runner.name
@@ -209,6 +266,10 @@ class Sweeper:
         self.order = order or {}  # (tp, seq, a2a) -> predicted seconds, best first
         # (tp, seq, a2a) -> why the cost model says not to measure it (skip factor)
         self.skips = {(s["tp"], s["seq"], s["a2a"]): s for s in (skips or [])}
+        # (tp, seq, a2a) -> cost.TrialCost: the estimate stated first, and the budget's
+        self.costs = costs or {}
+        self.budget = cfg.search.budget_gpu_hours
+        self.spent_gpu_hours = 0.0  # the estimate of what this run has submitted
         self.queue: list[Work] = []
         self.running: list[Running] = []
         self.summary = SweepSummary(retry=str(retry))
@@ -230,6 +291,7 @@ class Sweeper:
             if cand.kept:
                 groups.setdefault(self.key_for(cand), []).append(cand)
         self.summary.keys = list(groups)
+        reattached: dict[tuple, Running] = {}
         for key, kept in groups.items():
             study = tuner.LayoutStudy(self.storage, key.name, [c.layout.a2a for c in kept])
             study.abandon_unsubmitted()
@@ -242,8 +304,12 @@ class Sweeper:
             for o in study.outstanding(stored_ids):
                 cand = next(c for c in kept if c.layout.a2a == o.a2a)
                 spec = spec_for(self.cfg, cand, o.trial_id, self.progress_dir)
-                handle = dispatch.attach(o.folder, o.job_id, o.executor)
-                self.running.append(Running(key, study, o.number, spec, handle))
+                member = Member(key, study, o.number, spec, cand, kept)
+                job = (o.executor, o.folder, o.job_id)  # a batch's trials share their job
+                if job not in reattached:
+                    reattached[job] = Running([], dispatch.attach(o.folder, o.job_id, o.executor))
+                    self.running.append(reattached[job])
+                reattached[job].members.append(member)
                 done[o.a2a] = done.get(o.a2a, 0) + 1
                 self.summary.reattached += 1
             ordered = sorted(kept, key=lambda c: self.order.get((c.tp, c.seq, c.layout.a2a), 0.0))
@@ -258,6 +324,8 @@ class Sweeper:
                         done[cand.layout.a2a] -= 1
                         continue
                     self.queue.append(Work(key, study, cand, kept))
+        for run in self.running:  # the job runs them in trial-number order
+            run.members.sort(key=lambda m: m.number)
 
     def _resume(self, key: SweepKey, key_rows: list[dict[str, Any]]) -> dict[int, int]:
         """Stored trials that stand, per a2a size. Cancelled trials and environment
@@ -302,61 +370,120 @@ class Sweeper:
                 self.best[key.name] = row
 
     # ---------------------------------------------------------------- submission
-    def _executor(self, spec: TrialSpec):
+    def _executor(self, spec: TrialSpec, trials: int):
         gpn = self.cfg.cluster.gpus_per_node
         gpus = gpn if self.cfg.cluster.device == "cuda" else 0
         if self.executor_name == "local":
-            return dispatch.make_executor(self.exec_cfg, world_size=1, gpus_per_node=gpus or 1,
-                                          tasks_per_node=1)
-        ex = dispatch.make_executor(self.exec_cfg, world_size=spec.world_size,
-                                    gpus_per_node=gpn if gpus else max(gpn, spec.world_size))
-        if not gpus:
-            ex.update_parameters(gpus_per_node=None)
+            ex = dispatch.make_executor(self.exec_cfg, world_size=1, gpus_per_node=gpus or 1,
+                                        tasks_per_node=1)
+        else:
+            ex = dispatch.make_executor(self.exec_cfg, world_size=spec.world_size,
+                                        gpus_per_node=gpn if gpus else max(gpn, spec.world_size))
+            if not gpus:
+                ex.update_parameters(gpus_per_node=None)
+        if trials > 1:  # executor.time_limit_min is per trial: a batch gets one per trial
+            dispatch.scale_time_limit(ex, self.exec_cfg, trials)
         return ex
 
-    def _args(self, spec: TrialSpec) -> tuple:
-        if self.executor_name == "local":
-            return (local_payload, spec, str(self.cfg.results_dir / "trials" / spec.trial_id))
-        return (slurm_payload, spec)
+    def _args(self, specs: list[TrialSpec]) -> tuple:
+        if self.executor_name == "local":  # the launcher's folder: rank logs, spec files
+            return (local_batch_payload, specs,
+                    str(self.cfg.results_dir / "trials" / specs[0].trial_id))
+        return (slurm_batch_payload, specs)
+
+    def _cost(self, work: Work) -> Any:
+        return self.costs.get((work.cand.tp, work.cand.seq, work.cand.layout.a2a))
+
+    def _stop_for_budget(self, cost: Any) -> None:
+        """The next trial's estimate would take what was submitted past
+        ``search.budget_gpu_hours``: submit nothing more, and say so."""
+        self.summary.budget_stop = (
+            f"search.budget_gpu_hours={self.budget:g}: stopped submitting at an estimated "
+            f"{self.spent_gpu_hours:.3g} GPU-hours submitted (the next trial would add "
+            f"{cost.gpu_hours:.3g}); {len(self.queue)} trial(s) not run: raise the budget and "
+            "run the same command again to resume")
+        self.queue.clear()
+
+    def _take_batch(self) -> list[Work]:
+        """The next job's trials: up to ``trials_per_job`` queued trials of the first one's
+        world size, in queue order, within the budget, at most one per layout and key (a
+        repeat runs in another job: another allocation, other processes, so repeats
+        sample what varies between jobs), then grouped by layout (in the order
+        the layouts first appear) so a layout's groups are built once and reused across
+        sequence lengths."""
+        world = self.queue[0].cand.tp * self.queue[0].cand.cp
+        # Bridge sets up its global state per pretrain run: one Bridge trial per job
+        limit = 1 if self.cfg.runner.name == "bridge" else self.exec_cfg.trials_per_job
+        picked: list[Work] = []
+        taken: set[tuple] = set()  # (key, a2a): a repeat goes to another job, not this one
+        for w in list(self.queue):
+            if len(picked) == limit:
+                break
+            if w.cand.tp * w.cand.cp != world or (w.key, w.cand.layout.a2a) in taken:
+                continue
+            cost = self._cost(w)
+            if (self.budget is not None and cost is not None
+                    and self.spent_gpu_hours + cost.gpu_hours > self.budget):
+                self._stop_for_budget(cost)
+                break
+            self.spent_gpu_hours += cost.gpu_hours if cost else 0.0
+            self.queue.remove(w)
+            picked.append(w)
+            taken.add((w.key, w.cand.layout.a2a))
+        first: dict[tuple, int] = {}
+        for i, w in enumerate(picked):
+            first.setdefault((w.cand.tp, w.cand.layout.a2a), i)
+        return sorted(picked, key=lambda w: first[(w.cand.tp, w.cand.layout.a2a)])
 
     def fill(self) -> None:
-        """Submit queued trials into free slots (the first batch as one job array)."""
+        """Submit queued trials into free slots, ``trials_per_job`` per job (the first
+        jobs as one job array when they have one shape)."""
         free = self.slots - len(self.running)
-        batch: list[tuple[Work, int, TrialSpec]] = []
+        batches: list[list[Member]] = []
         while free > 0 and self.queue:
-            work = self.queue.pop(0)
-            number, trial_id, a2a = work.study.ask(work.cand.layout.a2a, work.key.slug)
-            cand = next(c for c in work.kept if c.layout.a2a == a2a)
-            spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
-            batch.append((work, number, spec))
+            members = []
+            works = self._take_batch()
+            if not works:
+                break  # the budget stopped it
+            for work in works:
+                number, trial_id, a2a = work.study.ask(work.cand.layout.a2a, work.key.slug)
+                cand = next(c for c in work.kept if c.layout.a2a == a2a)
+                spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
+                for stale in (spec.result_path, spec.stop_path):
+                    Path(stale).unlink(missing_ok=True)
+                members.append(Member(work.key, work.study, number, spec, cand, work.kept))
+            batches.append(members)
             free -= 1
-        if not batch:
+        if not batches:
             return
-        same_shape = len({s.world_size for _, _, s in batch}) == 1
-        if len(batch) > 1 and same_shape:
-            ex = self._executor(batch[0][2])
-            fn = self._args(batch[0][2])[0]
-            handles = dispatch.submit_array(ex, fn, [self._args(s)[1:] for _, _, s in batch])
+        specs = [[m.spec for m in b] for b in batches]
+        same_shape = len({(b[0].world_size, len(b)) for b in specs}) == 1
+        if len(batches) > 1 and same_shape:
+            ex = self._executor(specs[0][0], len(specs[0]))
+            fn = self._args(specs[0])[0]
+            handles = dispatch.submit_array(ex, fn, [self._args(b)[1:] for b in specs])
         else:
             handles = []
-            for _, _, spec in batch:
-                fn, *args = self._args(spec)
-                handles.append(dispatch.submit(self._executor(spec), fn, *args))
-        for (work, number, spec), handle in zip(batch, handles):
-            work.study.submitted(number, handle.job_id, handle.executor, str(handle.folder))
-            self.running.append(Running(work.key, work.study, number, spec, handle))
-            self.reporter.trial(spec, "submitted", f"job {handle.job_id}")
+            for b in specs:
+                fn, *args = self._args(b)
+                handles.append(dispatch.submit(self._executor(b[0], len(b)), fn, *args))
+        for members, handle in zip(batches, handles):
+            for m in members:
+                m.study.submitted(m.number, handle.job_id, handle.executor, str(handle.folder))
+                self.reporter.trial(m.spec, "submitted", f"job {handle.job_id}")
+            self.running.append(Running(members, handle))
 
     # ---------------------------------------------------------------- collection
-    def record(self, run: Running, result: TrialResult) -> None:
+    def record(self, run: Running, member: Member, result: TrialResult) -> None:
+        member.done = True
         result.job_id = result.job_id or run.handle.job_id
         if not result.log_path:
             result.log_path = str(dispatch.job_paths(run.handle)[1])
-        row = trial_row(run.key, run.spec, result)
-        self.store.add(row, run.key)
+        row = trial_row(member.key, member.spec, result)
+        self.store.add(row, member.key)
         values = (result.median_s, float(result.peak_mem_bytes or 0)) if result.median_s else None
-        run.study.tell(run.number, result.status, values)
-        self._note_best(run.key, row)
+        member.study.tell(member.number, result.status, values)
+        self._note_best(member.key, row)
         self.summary.stored += 1
         if result.failure_class is FailureClass.ENVIRONMENT and self.queue:
             # the same software stack runs every trial: the rest would fail the same way
@@ -365,63 +492,125 @@ class Sweeper:
                 f"{len(self.queue)} trial(s) not run: fix the environment and run the same "
                 "command again to resume")
             self.queue.clear()
+        if result.status is Status.PRUNED and not (result.error or "").startswith("cancelled"):
+            self.summary.pruned += 1
+            self.summary.pruned_saved_steps += max(
+                0, member.spec.measure_steps - len(result.step_times_s))
         s = result.status.value
         self.summary.by_status[s] = self.summary.by_status.get(s, 0) + 1
         label = failure_label(row)
         if label:
-            _count(self.summary.failures, run.key, label)
+            _count(self.summary.failures, member.key, label)
         detail = f"median {result.median_s:.4g} s" if result.median_s else (result.error or "")
         if result.failure_class:
             detail = f"{result.failure_class.value}: {detail}"
-        self.reporter.trial(run.spec, s, detail, best=self.best.get(run.key.name))
+        self.reporter.trial(member.spec, s, detail, best=self.best.get(member.key.name))
+
+    def requeue(self, member: Member) -> None:
+        """A trial its batch never ran (the processes broke before it): back to the front
+        of the queue, as a new optuna trial; the unrun one ends FAIL, marked not run."""
+        member.done = True
+        member.study.not_run(member.number)
+        if self.summary.aborted:
+            return  # an environment failure stopped the sweep: the next run measures it
+        self.queue.insert(0, Work(member.key, member.study, member.cand, member.kept))
+        self.summary.requeued += 1
+        self.reporter.trial(member.spec, "requeued", "not run: its batch ended before it")
+
+    def _collect_landed(self, run: Running, finished: bool) -> None:
+        """Results the job wrote so far. A FAILED one waits for the job's end, when the
+        launcher has merged a peer's root cause into it."""
+        for m in run.open():
+            res = read_result(m.spec)
+            if res is None or res.status is Status.SKIPPED:
+                continue  # not yet, or not run (decided when the job ends)
+            if res.status is Status.FAILED and not finished:
+                continue
+            self.record(run, m, res)
+
+    def _finish(self, run: Running, out: dispatch.JobOutcome) -> None:
+        """The job ended: store what it returned or wrote; the trial it was running when it
+        ended without a result gets the job's verdict; trials it never ran go back to the
+        queue (or, when the job was ended from outside, are ``cancelled`` with it)."""
+        returned = out.result if out.state == dispatch.JobState.DONE else None
+        if isinstance(returned, TrialResult):
+            returned = [returned]
+        by_id = {r.trial_id: r for r in (returned or []) if isinstance(r, TrialResult)}
+        for m in run.open():  # the launcher's final results carry a peer's root cause
+            res = read_result(m.spec) or by_id.get(m.spec.trial_id)
+            if res is not None and res.status is not Status.SKIPPED:
+                self.record(run, m, res)
+        verdict: Optional[TrialResult] = None
+        for m in run.open():
+            if read_result(m.spec) is not None or m.spec.trial_id in by_id:
+                self.requeue(m)  # SKIPPED by the job: an earlier trial broke the processes
+            elif verdict is None or verdict.status is Status.CANCELLED:
+                verdict = failed_from_job(m.spec, out)
+                self.record(run, m, verdict)
+            else:
+                self.requeue(m)
 
     def poll(self) -> None:
         outcomes = dispatch.poll_all([r.handle for r in self.running])
         still = []
         for run, out in zip(self.running, outcomes):
-            if out.state == dispatch.JobState.DONE and isinstance(out.result, TrialResult):
-                self.record(run, out.result)
-            elif out.finished:
-                self.record(run, failed_from_job(run.spec, out))
-            else:
-                if out.state.value != run.state:
-                    run.state = out.state.value
-                    self.reporter.trial(run.spec, run.state, f"job {run.handle.job_id}")
-                if self.early_stop and self._prune(run):
-                    continue
+            self._collect_landed(run, out.finished)
+            if out.finished:
+                self._finish(run, out)
+                continue
+            if out.state.value != run.state:
+                run.state = out.state.value
+                for m in run.open():
+                    self.reporter.trial(m.spec, run.state, f"job {run.handle.job_id}")
+            if self.early_stop:
+                for m in run.open():
+                    self._prune(m)
+            if run.open():
                 still.append(run)
         self.running = still
 
-    def _prune(self, run: Running) -> bool:
-        steps = read_progress(run.spec.progress_path)
-        if len(steps) >= run.spec.measure_steps:
-            return False  # measuring is over: stopping now saves nothing, the result is coming
-        if not should_prune(steps, self.best.get(run.key.name)):
+    def _prune(self, member: Member) -> bool:
+        """Early stop: write the trial's stop file; the job ends it PRUNED at its next step
+        and goes on with the batch's next trial. True when the stop file was written."""
+        if member.stopping:
             return False
-        dispatch.cancel([run.handle])
-        best = self.best[run.key.name]["median_s"]
-        self.summary.pruned += 1
-        self.summary.pruned_saved_steps += max(0, run.spec.measure_steps - len(steps))
-        self.record(run, partial_result(
-            run.spec, Status.PRUNED, steps,
+        steps = read_progress(member.spec.progress_path)
+        if len(steps) >= member.spec.measure_steps:
+            return False  # measuring is over: stopping now saves nothing, the result is coming
+        if not should_prune(steps, self.best.get(member.key.name)):
+            return False
+        best = self.best[member.key.name]["median_s"]
+        member.stopping = True
+        atomic_write_text(member.spec.stop_path, (
             f"stopped early: fastest of {len(steps)} steps {min(steps):.4g} s > best median "
-            f"{best:.4g} s beyond its noise",
-        ))
+            f"{best:.4g} s beyond its noise"))
         return True
 
     def cancel_all(self) -> None:
-        """Ctrl-C: cancel every outstanding job and record it as cancelled."""
+        """Ctrl-C: stop every outstanding trial (stop files, then cancel the jobs) and
+        record each as cancelled; the next run measures them again."""
+        reason = "cancelled by the user (Ctrl-C)"
+        for run in self.running:
+            for m in run.open():
+                atomic_write_text(m.spec.stop_path, reason)
         dispatch.cancel([r.handle for r in self.running])
         for run in self.running:
-            steps = read_progress(run.spec.progress_path)
-            self.record(run, partial_result(run.spec, Status.CANCELLED, steps,
-                                            "cancelled by the user (Ctrl-C)"))
+            for m in run.open():
+                steps = read_progress(m.spec.progress_path)
+                self.record(run, m, partial_result(m.spec, Status.CANCELLED, steps, reason))
         self.running = []
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> SweepSummary:
         self.plan()
-        self.reporter.start(len(self.queue) + len(self.running), self.summary)
+        if self.costs:
+            from hcp_tune import cost
+
+            planned = [self._cost(w) for w in self.queue]
+            self.summary.estimate = cost.estimate([c for c in planned if c]).text(
+                self.cfg.cluster.device == "cpu")
+        self.reporter.start(len(self.queue) + sum(len(r.members) for r in self.running),
+                            self.summary)
         try:
             while self.queue or self.running:
                 self.fill()

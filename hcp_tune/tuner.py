@@ -88,6 +88,14 @@ class LayoutStudy:
         for k, v in (("job_id", job_id), ("executor", executor), ("folder", folder)):
             trial.set_user_attr(k, v)
 
+    def not_run(self, number: int) -> None:
+        """A submitted trial its batch job never ran: FAIL, marked so (it is asked again)."""
+        trial = self._live.get(number)
+        if trial is not None:  # (a re-attached trial has no live handle: FAIL says enough)
+            trial.set_user_attr("not_run", True)
+        self.study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        self._live.pop(number, None)
+
     def tell(self, number: int, status: Status, values: Optional[tuple[float, float]]) -> None:
         state = {
             Status.OK: optuna.trial.TrialState.COMPLETE,

@@ -54,6 +54,8 @@ def print_plan(plan: dict[str, Any]) -> None:
             _groups(r["groups"]["a2a"]), _groups(r["groups"]["p2p"]), escape(why),
         )
     console().print(table)
+    if plan.get("estimate"):
+        console().print(escape(f"sweep cost of the kept layouts: {plan['estimate']['text']}"))
 
 
 def print_findings(findings: Iterable[Any], source: str) -> None:
@@ -98,6 +100,8 @@ class SweepReporter:
         if kept:
             head += (f"; of those, {by_class_text(kept)} and are kept: search.retry=failed "
                      f"(or a class, e.g. search.retry={min(kept)}) measures them again")
+        if total and getattr(summary, "estimate", ""):
+            head += f"; {summary.estimate}"
         console().print(escape(head))
         if self.live_mode and total:
             from rich.live import Live
@@ -175,6 +179,9 @@ def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list
         f"median {_fmt(rec['median_s'])} s over {rec['trials']} trial(s)"
         + (" (a tie with the runner-up within measured noise)" if rec.get("tie") else "")
     ))
+    if rec.get("incomplete") and rec.get("missing"):
+        out.print(escape(f"incomplete: not every layout has a valid measurement: "
+                         f"{rec['missing']}; run the same sweep again to measure them"))
     out.print("\nBridge overrides:\n  " + escape(" ".join(overrides)))
     out.print("\nPython:\n  " + "\n  ".join(escape(p) for p in python))
 

@@ -86,6 +86,7 @@ RUN_PAYLOAD = """
 import sys
 from submitit.core.utils import DelayedSubmission
 result = DelayedSubmission.load(sys.argv[1]).result()
+result = result[0] if isinstance(result, list) else result  # a batch payload: its first
 loaded = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED and sys.modules[n] is not None)
 assert not loaded, loaded
 # nothing of the orchestrator either (hcp_tune.sweep, dispatch, config, store, ...): today
@@ -133,20 +134,20 @@ def test_sitecustomize_blocker_reaches_a_fresh_interpreter(tmp_path):
 
 
 def test_slurm_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path):
-    from hcp_tune.sweep import slurm_payload
+    from hcp_tune.sweep import slurm_batch_payload  # what the sweep pickles
 
-    assert slurm_payload.__module__.startswith("hcp_tune.job.")
-    proc = _run_pickled_payload(tmp_path, slurm_payload, _payload_spec(1, 1, "one-rank"))
+    assert slurm_batch_payload.__module__.startswith("hcp_tune.job.")
+    proc = _run_pickled_payload(tmp_path, slurm_batch_payload, [_payload_spec(1, 1, "one-rank")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "payload ran: ok" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
 @pytest.mark.multiproc
 def test_local_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path):
-    from hcp_tune.sweep import local_payload
+    from hcp_tune.sweep import local_batch_payload  # what the sweep pickles
 
     spec = _payload_spec(1, 2, "two-ranks")
-    proc = _run_pickled_payload(tmp_path, local_payload, spec, str(tmp_path / "trial"))
+    proc = _run_pickled_payload(tmp_path, local_batch_payload, [spec], str(tmp_path / "trial"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "payload ran: ok" in proc.stdout, (
         proc.stdout + proc.stderr[-2000:] + (tmp_path / "trial" / "rank0.log").read_text()[-2000:])

@@ -81,11 +81,9 @@ def test_sweep_measures_ranks_and_recommends(slurm_cluster, tmp_path):
     assert len(rows(res)) == 6
 
 
-@pytest.mark.slurm
-def test_killed_sweep_resumes_without_losing_or_rerunning(slurm_cluster, tmp_path):
-    res = tmp_path / "results"
-    args = ["sweep", "cp=4", "seq=2048", *TINY, "executor=slurm", "executor.array_parallelism=1",
-            f"results_dir={res}"]
+def kill_after_first_row_and_resume(res: Path, args: list[str]) -> tuple[dict, dict, str]:
+    """SIGKILL the sweep once a trial is stored, run it again; (rows before, rows after,
+    the second run's stdout), after checking that nothing stored changed."""
     proc = start(*args)
     wait_for(lambda: len(rows(res)) >= 1, what="the first stored trial")
     os.killpg(proc.pid, signal.SIGKILL)
@@ -93,26 +91,41 @@ def test_killed_sweep_resumes_without_losing_or_rerunning(slurm_cluster, tmp_pat
     first = {x["trial_id"]: x for x in rows(res)}
     r = hcp(*args)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "resumed:" in r.stdout
     after = {x["trial_id"]: x for x in rows(res)}
     for tid, row in first.items():
         assert after[tid] == row  # nothing measured was lost or re-measured
+    return first, after, r.stdout
+
+
+@pytest.mark.slurm
+def test_killed_sweep_resumes_without_losing_or_rerunning(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    args = ["sweep", "cp=4", "seq=2048", *TINY, "executor=slurm", "executor.array_parallelism=1",
+            f"results_dir={res}"]
+    first, after, out = kill_after_first_row_and_resume(res, args)
+    assert "resumed:" in out
     assert sorted((x["a2a"], x["status"]) for x in after.values()) == [
         (1, "ok"), (2, "ok"), (4, "ok")]
 
 
-@pytest.mark.slurm
-def test_ctrl_c_cancels_outstanding_jobs(slurm_cluster, tmp_path):
-    res = tmp_path / "results"
-    proc = start("sweep", "cp=2", "seq=1024", *TINY, "runner.measure_steps=100000",
-                 "executor=slurm", f"results_dir={res}")
+def ctrl_c_once_submitted(res: Path, *args) -> tuple[list[dict], set[str]]:
+    """Start a sweep that would run for ever, press Ctrl-C once a job is submitted; the rows
+    stored and the SLURM jobs that were queued just before the interrupt."""
+    proc = start("sweep", *args, *TINY, "runner.measure_steps=100000", "executor=slurm",
+                 f"results_dir={res}")
     journal = res / "optuna.journal"
     wait_for(lambda: journal.exists() and "job_id" in journal.read_text(), what="a submitted job")
     before = squeue_ids()
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    got = rows(res)
+    return rows(res), before
+
+
+@pytest.mark.slurm
+def test_ctrl_c_cancels_outstanding_jobs(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    got, before = ctrl_c_once_submitted(res, "cp=2", "seq=1024")
     assert got and {x["status"] for x in got} == {"cancelled"}
     assert not ({x["job_id"] for x in got} & squeue_ids() & before)
 

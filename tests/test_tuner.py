@@ -77,7 +77,7 @@ def test_a_trial_that_measured_all_its_steps_is_never_pruned(tmp_path):
     progress = tmp_path / "t.jsonl"
     progress.write_text("".join(f'{{"step": {i}, "time_s": 2.0}}\n' for i in range(3)))
     run = SimpleNamespace(spec=SimpleNamespace(progress_path=str(progress), measure_steps=3),
-                          key=SimpleNamespace(name="k"))
+                          key=SimpleNamespace(name="k"), stopping=False)
     me = SimpleNamespace(best={"k": BEST})
     assert Sweeper._prune(me, run) is False  # 3 of 3 steps done: its result is on its way
 
@@ -90,7 +90,7 @@ def test_a_trial_that_measured_all_its_steps_is_never_pruned(tmp_path):
         ("FAILED", "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB", "oom"),
         ("FAILED", "DistBackendError: Connection closed by peer", "comm"),
         ("FAILED", "ModuleNotFoundError: No module named 'transformer_engine'", "environment"),
-        ("NODE_FAIL", None, "unknown"),
+        ("BOOT_FAIL_X", None, "unknown"),
     ],
 )
 def test_a_job_that_ended_without_a_result_is_classified(state, error, expected):
@@ -103,3 +103,16 @@ def test_a_job_that_ended_without_a_result_is_classified(state, error, expected)
                                            error=error))
     assert res.failure_class.value == expected and res.status.value == "failed"
     assert res.error == (error or f"job ended: {state}")
+
+
+@pytest.mark.parametrize("state", ["CANCELLED", "PREEMPTED", "NODE_FAIL", "REQUEUED"])
+def test_a_job_ended_from_outside_is_cancelled_and_measured_again(state):
+    from hcp_tune.dispatch import JobOutcome, JobState
+    from hcp_tune.spec import TrialSpec
+    from hcp_tune.sweep import failed_from_job
+
+    spec = TrialSpec(trial_id="t", a2a=2, p2p=2, seq=64, heads=8, kv_heads=8, head_dim=8)
+    res = failed_from_job(spec, JobOutcome(state=JobState.FAILED, scheduler_state=state))
+    assert res.status.value == "cancelled" and res.failure_class is None
+    assert res.error == (f"job ended from outside the sweep ({state}); "
+                         "measured again on the next run")

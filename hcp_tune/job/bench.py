@@ -60,6 +60,7 @@ class Timing:
     step_times_s: list[float]
     peak_mem_bytes: int
     mem_note: str
+    warmup_s: float = 0.0  # wall time of the warm-up steps (with their agreement collectives)
 
 
 def _rss_bytes() -> int:
@@ -70,17 +71,36 @@ class TimeLimitReached(RuntimeError):
     pass
 
 
+class StopRequested(RuntimeError):
+    """The orchestrator asked this trial to stop (its stop file): not a failure of the
+    processes, which stay usable for the batch's next trial. ``steps`` are the measured
+    step times this rank had when all ranks agreed to stop."""
+
+    def __init__(self, message: str, steps: list[float]) -> None:
+        super().__init__(message)
+        self.steps = steps
+
+
 def time_steps(step: Callable[[int], None], *, warmup: int, measure: int, device,
-               should_stop: Callable[[], bool], on_step: Callable[[int, float], None] = None
-               ) -> Timing:
-    """Run warm-up + measured steps; ``step(i)`` runs one forward+backward (i counts all)."""
+               should_stop: Callable[[], bool], on_step: Callable[[int, float], None] = None,
+               stop_requested: Callable[[], bool] = lambda: False) -> Timing:
+    """Run warm-up + measured steps; ``step(i)`` runs one forward+backward (i counts all).
+
+    Before every step the ranks agree (one all-reduce) on whether to go on: ``should_stop``
+    (the time limit) raises ``TimeLimitReached``, ``stop_requested`` (the orchestrator's
+    stop file) ``StopRequested`` with the measured steps so far."""
     cuda = device.type == "cuda"
     rss0 = _rss_bytes()
     times = []
     flag = torch.zeros(1, device=device)
+    began, warmup_s = time.perf_counter(), 0.0
     for i in range(warmup + measure):
-        flag.fill_(1.0 if should_stop() else 0.0)
+        if i == warmup:
+            warmup_s = time.perf_counter() - began
+        flag.fill_(2.0 if stop_requested() else 1.0 if should_stop() else 0.0)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # barrier + agreed stop
+        if flag.item() > 1:
+            raise StopRequested(f"stopped after {i} of {warmup + measure} steps", list(times))
         if flag.item() > 0:
             raise TimeLimitReached(f"time limit reached after {i} of {warmup + measure} steps")
         if cuda and i == warmup:
@@ -111,7 +131,8 @@ def time_steps(step: Callable[[int], None], *, warmup: int, measure: int, device
             "max over ranks; includes allocator caching, 0 if nothing new was touched")
     peak = torch.tensor([float(mem)], dtype=torch.float64, device=device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    return Timing([float(t) for t in slowest.tolist()][: len(times)], int(peak.item()), note)
+    return Timing([float(t) for t in slowest.tolist()][: len(times)], int(peak.item()), note,
+                  warmup_s)
 
 
 def over_peak(tflops_per_gpu: Optional[float], peak_tflops: Optional[float]) -> Optional[str]:

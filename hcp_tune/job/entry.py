@@ -12,10 +12,12 @@ Command line (torchrun, srun, or ``hcp_tune.launch.run_local``)::
 
     python -m hcp_tune.job.entry SPEC.json OUT.json [SPEC2.json OUT2.json ...]
 
-Several pairs run one after another in the same processes (groups torn down between them);
-after a FAILED trial the rest are SKIPPED, since the process group may be broken. Rank 0
-writes OUT.json; rank r > 0 writes OUT.rank<r>.json beside it (the launcher reads them to
-find a root cause when rank 0 only saw a lost peer).
+Several pairs run one after another in the same processes (a batch: the world group built
+once, a layout's groups kept while the next trial has the same layout, its proof run once);
+after a FAILED trial the rest are SKIPPED, since the process group may be broken. Each
+trial's result is written the moment it ends: rank 0 writes OUT.json; rank r > 0 writes
+OUT.rank<r>.json beside it (the launcher reads them to find a root cause when rank 0 only
+saw a lost peer).
 """
 from __future__ import annotations
 
@@ -28,11 +30,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hcp_tune.spec import (
     FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, classify_error_text,
-    first_error_line, spec_from_json, to_json,
+    first_error_line, result_from_json, spec_from_json, to_json,
 )
 
 FAULTS = (None, "cp_off", "no_groups", "raise", "kill_rank", "hang_rank")
@@ -236,6 +238,7 @@ def _measure(spec, attn, device, dtype, rank, t0):
         step, warmup=spec.warmup_steps, measure=spec.measure_steps, device=device,
         should_stop=lambda: time.monotonic() - t0 > spec.time_limit_s,
         on_step=(lambda i, t: _progress(spec, i, t)) if rank == 0 else None,
+        stop_requested=lambda: bool(spec.stop_path) and os.path.exists(spec.stop_path),
     )
 
 
@@ -262,8 +265,49 @@ def _teardown_groups(before: frozenset, device, *, clean: bool) -> None:
     destroy_groups(before, destroy_communicators=clean)
 
 
-def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) -> TrialResult:
-    """Run one trial on this rank; never raises for a trial failure."""
+@dataclass
+class ProcessSet:
+    """What a batch's processes keep between trials: the groups of the layout that ran
+    last (reused while the next trial has the same layout, destroyed when it changes) and
+    the numerics verdict of every layout proven so far (the proof runs once per layout per
+    process set; every trial still checks its groups and its TFLOP/s)."""
+
+    layout: Optional[tuple] = None  # (tp, a2a, p2p, hierarchical) of the live groups
+    before: Optional[frozenset] = None  # the groups that existed before the live ones
+    proofs: dict = None  # proof key -> verdict dict
+
+    def __post_init__(self) -> None:
+        self.proofs = {} if self.proofs is None else self.proofs
+
+
+def _layout_key(spec: TrialSpec) -> tuple:
+    return (spec.tp, spec.a2a, spec.p2p, spec.inject_fault != "no_groups")
+
+
+def _proof_key(spec: TrialSpec, backend: str, dtype: str) -> tuple:
+    """Everything the proof's verdict depends on (not seq: it runs at its own small size)."""
+    return (_layout_key(spec), backend, dtype, spec.heads, spec.kv_heads, spec.head_dim,
+            spec.mbs, spec.qkv_format, spec.seed, spec.verify_seq, spec.inject_fault)
+
+
+def _stop_reason(spec: TrialSpec) -> Optional[str]:
+    """The orchestrator's stop file's text, or None when there is none."""
+    if not spec.stop_path:
+        return None
+    try:
+        return Path(spec.stop_path).read_text().strip() or "stopped by the orchestrator"
+    except OSError:
+        return None
+
+
+def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
+              pset: Optional[ProcessSet] = None, keep_groups: bool = False) -> TrialResult:
+    """Run one trial on this rank; never raises for a trial failure.
+
+    With ``pset`` (a batch), the groups of the previous trial are reused when the layout is
+    the same and its proof's verdict is reused; ``keep_groups`` keeps this trial's groups
+    for the next one (the caller knows it has the same layout).
+    """
     if spec.runner == "bridge":  # a Bridge training run: job/bridge_runner.py
         from hcp_tune.job.bridge_runner import run_bridge_trial
 
@@ -273,6 +317,8 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) ->
     created = False
     before = None  # the process groups that existed before this trial's, once it makes some
     device = None
+    pset = pset if pset is not None else ProcessSet()
+    phases = res.phases_s
     try:
         if spec.inject_fault not in FAULTS:
             raise ValueError(f"inject_fault={spec.inject_fault!r}: expected one of {FAULTS}")
@@ -295,29 +341,57 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) ->
             res.notes.append(chosen.note)
         created = init_distributed(env, device_type=device.type, timeout_s=spec.comm_timeout_s)
         res.fingerprint = fingerprint(env, device)
+        phases["start"] = time.monotonic() - t0
         if spec.inject_fault == "raise":
             raise RuntimeError("injected fault (tests only): raise\nsecond line is not reported")
         res.resources = resources()
-        before = init_groups(tp=spec.tp, a2a=spec.a2a, p2p=spec.p2p,
-                             timeout_s=spec.comm_timeout_s,
-                             hierarchical=spec.inject_fault != "no_groups")
+        t = time.monotonic()
+        if pset.layout == _layout_key(spec) and pset.before is not None:
+            before = pset.before  # the same layout ran last in these processes: reuse
+            res.notes.append("groups reused from the previous trial in the same processes")
+        else:
+            if pset.before is not None:  # another layout's groups are still up: replace them
+                _teardown_groups(pset.before, device, clean=True)
+            pset.layout, pset.before = None, None
+            before = init_groups(tp=spec.tp, a2a=spec.a2a, p2p=spec.p2p,
+                                 timeout_s=spec.comm_timeout_s,
+                                 hierarchical=spec.inject_fault != "no_groups")
         groups = read_groups()
         res.verification["groups"] = check_groups(groups, spec)
+        phases["groups"] = time.monotonic() - t
         if not res.verification["groups"]["match"]:
             res.status, res.error = Status.INVALID, res.verification["groups"]["problems"][0]
             return res
         attn = _build_attention(spec, backend, groups)
         res.qkv_format = getattr(attn, "qkv_format", "bshd")
-        v = verify_cp(spec, attn, tp_rank=groups.tp_rank, cp_pos=groups.cp_rank,
-                      device=device, dtype=dtype,
-                      reference=_no_cp_reference(spec, backend, dtype))
-        res.verification["numerics"] = v
+        t = time.monotonic()
+        proof_key = _proof_key(spec, backend, dtype)
+        v = pset.proofs.get(proof_key)
+        if v is None:
+            v = verify_cp(spec, attn, tp_rank=groups.tp_rank, cp_pos=groups.cp_rank,
+                          device=device, dtype=dtype,
+                          reference=_no_cp_reference(spec, backend, dtype))
+            pset.proofs[proof_key] = v
+            res.verification["numerics"] = v
+        else:  # proven earlier in these processes, with this layout's real groups
+            res.verification["numerics"] = dict(v, reused=True)
+        phases["proof"] = time.monotonic() - t
         res.te_backend = getattr(attn, "selected_backend", "")
         if not v["passed"]:
             res.status, res.failure_class = Status.INVALID, FailureClass.NUMERICS
             res.error = _numerics_error(v)
             return res
-        timing = _measure(spec, attn, device, dtype, env.rank, t0)
+        t = time.monotonic()
+        try:
+            timing = _measure(spec, attn, device, dtype, env.rank, t0)
+        except bench.StopRequested as stop:  # early stop or Ctrl-C: the processes are fine
+            res.status, res.step_times_s = Status.PRUNED, stop.steps
+            if stop.steps:
+                res.median_s = bench.summarize(stop.steps)["median_s"]
+            res.error = _stop_reason(spec) or str(stop)
+            return res
+        phases["warmup"] = timing.warmup_s
+        phases["measure"] = time.monotonic() - t - timing.warmup_s
         res.te_backend = getattr(attn, "selected_backend", "")  # the timed shapes' kernel
         stats = bench.summarize(timing.step_times_s)
         res.step_times_s = timing.step_times_s
@@ -342,7 +416,11 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) ->
         res.wall_s = time.monotonic() - t0
         try:
             if before is not None:
-                _teardown_groups(before, device, clean=res.status != Status.FAILED)
+                if keep_groups and res.status != Status.FAILED:
+                    pset.layout, pset.before = _layout_key(spec), before
+                else:
+                    pset.layout, pset.before = None, None
+                    _teardown_groups(before, device, clean=res.status != Status.FAILED)
             if created and not keep_process_group:
                 from hcp_tune.job.dist import destroy_distributed
 
@@ -351,32 +429,45 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False) ->
             pass
 
 
-def run_trials(specs: list[TrialSpec]) -> list[TrialResult]:
+def run_trials(specs: list[TrialSpec], on_result: Optional[Callable[[TrialResult], None]] = None
+               ) -> list[TrialResult]:
     """Several trials in the same processes; after a FAILED one the rest are SKIPPED.
 
-    The world group is created once, with the first trial's ``comm_timeout_s``; each
-    trial's Megatron-Core groups get their own.
+    The world group is created once, with the first trial's ``comm_timeout_s``; a layout's
+    groups are built once for consecutive trials of that layout (order the specs by layout
+    to profit) and its proof runs once per process set. ``on_result`` gets each trial's
+    result the moment it ends (the batch payloads write it to ``spec.result_path``), so a
+    batch killed half-way keeps what it measured. A FAILED trial may leave the processes
+    unusable, so the rest come back SKIPPED ("not run") for the orchestrator to requeue.
     """
     out: list[TrialResult] = []
     broken: Optional[TrialResult] = None
+    pset = ProcessSet()
     bridge_ran: Optional[str] = None
-    for spec in specs:
+    for i, spec in enumerate(specs):
         if spec.runner == "bridge" and bridge_ran is not None:
-            out.append(TrialResult(  # bridge_runner.py: Bridge sets up global state per run
+            res = TrialResult(  # bridge_runner.py: Bridge sets up global state per run
                 trial_id=spec.trial_id, status=Status.SKIPPED, world_size=spec.world_size,
-                error=f"not run: Bridge trials run one per process ({bridge_ran} ran here)"))
+                error=f"not run: Bridge trials run one per process ({bridge_ran} ran here)")
+            out.append(res)
+            if on_result is not None:
+                on_result(res)
             continue
         if spec.runner == "bridge":
             bridge_ran = spec.trial_id
         if broken is not None:
-            out.append(TrialResult(
+            res = TrialResult(
                 trial_id=spec.trial_id, status=Status.SKIPPED, world_size=spec.world_size,
-                error=f"not run: trial {broken.trial_id} failed before it in the same processes"))
-            continue
-        res = run_trial(spec, keep_process_group=True)
+                error=f"not run: trial {broken.trial_id} failed before it in the same processes")
+        else:
+            nxt = specs[i + 1] if i + 1 < len(specs) else None
+            same = nxt is not None and _layout_key(nxt) == _layout_key(spec)
+            res = run_trial(spec, keep_process_group=True, pset=pset, keep_groups=same)
+            if res.status == Status.FAILED:
+                broken = res
         out.append(res)
-        if res.status == Status.FAILED:
-            broken = res
+        if on_result is not None:
+            on_result(res)
     if broken is None:
         from hcp_tune.job.dist import destroy_distributed
 
@@ -384,8 +475,49 @@ def run_trials(specs: list[TrialSpec]) -> list[TrialResult]:
     return out
 
 
+def write_result(res: TrialResult, out: Path, rank: int) -> None:
+    """This rank's result file for one trial (rank 0's is the one the orchestrator reads)."""
+    if res.log_path is None and os.environ.get("HCP_TUNE_LOG"):
+        res.log_path = os.environ["HCP_TUNE_LOG"]
+    atomic_write_text(str(rank_out_path(out, rank)), to_json(res))
+
+
+def run_batch(specs: list[TrialSpec]) -> list[TrialResult]:
+    """A batch job's body on one rank: each result written to its ``result_path`` at once."""
+    from hcp_tune.job.dist import detect_env
+
+    rank = detect_env().rank
+    by_id = {s.trial_id: s for s in specs}
+
+    def write(res: TrialResult) -> None:
+        path = by_id[res.trial_id].result_path
+        if path:
+            write_result(res, Path(path), rank)
+
+    return run_trials(specs, on_result=write)
+
+
 def rank_out_path(out: Path, rank: int) -> Path:
     return out if rank == 0 else out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
+
+
+def merge_root_cause(res: TrialResult, out: Path, world: int) -> TrialResult:
+    """The one place a peer's root cause joins rank 0's result: when rank 0 only saw a
+    lost peer (``comm``), the first other rank that failed for its own reason is named
+    (``... (cause: oom: ...)``). Both executors' results pass through it (the local
+    launcher, and the orchestrator for every result it reads); applying it twice is safe."""
+    if (res.status != Status.FAILED or res.failure_class != FailureClass.COMM
+            or "(cause: " in (res.error or "")):
+        return res
+    for r in range(1, world):
+        try:
+            other = result_from_json(rank_out_path(Path(out), r).read_text())
+        except (OSError, ValueError):
+            continue
+        if other.status == Status.FAILED and other.failure_class not in (None, FailureClass.COMM):
+            res.error = f"{res.error} (cause: {other.failure_class.value}: {other.error})"
+            break
+    return res
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -399,14 +531,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     from hcp_tune.job.dist import detect_env
 
     rank = detect_env().rank
-    results = run_trials(specs)
-    for (_, out), res in zip(pairs, results):
-        if res.log_path is None and os.environ.get("HCP_TUNE_LOG"):
-            res.log_path = os.environ["HCP_TUNE_LOG"]
-        atomic_write_text(str(rank_out_path(out, rank)), to_json(res))
+    outs = {spec.trial_id: out for spec, (_, out) in zip(specs, pairs)}
+
+    def write(res: TrialResult) -> None:  # the moment each trial ends, not at the end
+        write_result(res, outs[res.trial_id], rank)
         print(f"[rank {rank}] {res.trial_id}: {res.status.value}"
               + (f" ({res.failure_class.value}) {res.error}" if res.failure_class else
                  f" {res.error}" if res.error else ""), flush=True)
+
+    results = run_trials(specs, on_result=write)
     code = 1 if any(r.status == Status.FAILED for r in results) else 0
     if code:  # the process group may be broken: do not wait in interpreter teardown
         sys.stdout.flush()

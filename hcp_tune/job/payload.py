@@ -17,3 +17,12 @@ def slurm_payload(spec: TrialSpec) -> TrialResult:
     from hcp_tune.job.entry import run_trial
 
     return run_trial(spec)
+
+
+def slurm_batch_payload(specs: list[TrialSpec]) -> list[TrialResult]:
+    """SLURM executor, a batch: every task is one rank of every trial, run one after
+    another in the same processes; each result is written to its ``result_path`` the
+    moment the trial ends (the orchestrator polls those), and all come back at the end."""
+    from hcp_tune.job.entry import run_batch
+
+    return run_batch(specs)

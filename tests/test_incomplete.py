@@ -1,0 +1,59 @@
+"""A key whose kept layouts are not all validly measured is marked incomplete, with the
+layouts missing and why, in recommendations.csv and by `recommend`."""
+from hcp_tune.store import SweepKey, missing_layouts, recommendations
+
+KEY = dict(cluster="local", model="tiny", tp=1, cp=2, seq=256, runner="attention",
+           env_tag="default")
+
+
+def row(a2a, status, median=None, failure_class="", verified=True):
+    return {**KEY, "a2a": a2a, "p2p": 2 // a2a, "comm_type": "a2a" if a2a == 2 else "p2p",
+            "status": status, "median_s": median, "p10_s": median, "p90_s": median,
+            "failure_class": failure_class, "verified": verified, "peak_mem_bytes": 0,
+            "trial_id": f"t-{a2a}-{status}"}
+
+
+def test_a_cancelled_layout_makes_the_key_incomplete_and_is_named():
+    rows = [row(1, "ok", 0.1), row(2, "cancelled")]
+    assert missing_layouts(rows) == ["[2,1] cancelled"]
+    (rec,) = recommendations(rows)
+    assert rec["incomplete"] and rec["missing"] == "[2,1] cancelled"
+
+
+def test_failed_layouts_name_their_class():
+    assert missing_layouts([row(1, "ok", 0.1), row(2, "failed", failure_class="oom")]) == [
+        "[2,1] failed oom"]
+
+
+def test_a_layout_measured_later_completes_the_key():
+    rows = [row(1, "ok", 0.1), row(2, "cancelled"), row(2, "ok", 0.2)]
+    (rec,) = recommendations(rows)
+    assert not rec["incomplete"] and rec["missing"] == ""
+
+
+def test_pruned_after_measuring_counts_as_measured_but_not_before():
+    assert missing_layouts([row(1, "ok", 0.1), row(2, "pruned", 0.3)]) == []
+    assert missing_layouts([row(1, "ok", 0.1), row(2, "pruned")]) == ["[2,1] pruned"]
+
+
+def test_key_type_is_unchanged():
+    assert SweepKey(**KEY).name.startswith("cluster=local|model=tiny")
+
+
+def test_rows_from_a_newer_schema_are_refused_with_what_to_do(tmp_path):
+    import json
+
+    import pytest
+
+    from hcp_tune.store import ResultStore, ResultsTooNew
+
+    store = ResultStore(tmp_path)
+    store.add({**row(1, "ok", 0.1), "schema_version": 99}, SweepKey(**KEY))
+    with pytest.raises(ResultsTooNew, match=r"row schema 99 > 1, the newest this hcp-tune "
+                                            r"reads: .* upgrade hcp-tune, or use another"):
+        store.rows()
+    old = {k: v for k, v in row(1, "ok", 0.1).items()}  # written before versions: read
+    (tmp_path / "rows").mkdir(exist_ok=True)
+    for p in (tmp_path / "rows").glob("*/*.json"):
+        p.write_text(json.dumps(old))
+    assert store.rows() == [old]
