@@ -132,8 +132,10 @@ def cmd_sweep(args: list[str]) -> int:
     if runner == "model":
         _show(cfg.format, predict.predict_rows(cfg), "print_predict")
         return EXIT_OK
-    from hcp_tune import sweep
+    from hcp_tune import plan, sweep
 
+    for line in plan.notes(cfg):  # the recipe followed; one stage measured when pp > 1
+        print(f"sweep: {line}", file=sys.stderr)
     cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, name=runner))
     ordered = predict.ordering(cfg)
     order = {}
@@ -155,7 +157,7 @@ def cmd_sweep(args: list[str]) -> int:
               f"{summary.pruned_saved_steps} measured step(s) not run")
     keys = {(tp, seq) for tp in cfg.tps for seq in cfg.seqs}
     recs = [r for r in summary.recommendations
-            if (r["tp"], r["seq"]) in keys and r["cp"] == cfg.cp
+            if (r["tp"], r["seq"]) in keys and r["cp"] == cfg.cp and r.get("pp", 1) == cfg.pp
             and r["cluster"] == cfg.cluster.name and r["model"] == cfg.model.name
             and r["runner"] == runner and r["env_tag"] == cfg.env_tag]
     if recs:
@@ -246,7 +248,7 @@ def cmd_recommend(args: list[str]) -> int:
         raise ConfigError("recommend answers one key: give one seq and one tp value")
     given = {a.split("=", 1)[0] for a in args}
     want = {"cluster": cfg.cluster.name, "model": cfg.model.name, "tp": cfg.tps[0],
-            "cp": cfg.cp, "seq": cfg.seqs[0],
+            "pp": cfg.pp, "cp": cfg.cp, "seq": cfg.seqs[0],
             "env_tag": cfg.env_tag if "env_tag" in given else None}
     recs = ResultStore(cfg.results_dir).recommendations()
     rec, near = recommend.answer(recs, want)

@@ -24,6 +24,7 @@ from hcp_tune.errors import ConfigError
 from hcp_tune.costmodel import CostParams, Prediction, label_for, predict
 from hcp_tune.layout import Candidate
 from hcp_tune.plan import candidates as plan_candidates
+from hcp_tune.plan import notes
 
 def params_for(cfg: SweepConfig) -> CostParams:
     """Calibrated parameters for this cluster and env tag, or the defaults."""
@@ -39,7 +40,8 @@ def ordering(cfg: SweepConfig, cands: list[Candidate] | None = None, *,
     """Kept candidates with their predictions, by (seq, tp) key, fastest first in each key."""
     params = params or params_for(cfg)
     cands = plan_candidates(cfg) if cands is None else cands
-    pairs = [(c, predict(cfg.model, cfg.cluster, c, mbs=cfg.mbs, dtype=cfg.dtype, params=params))
+    pairs = [(c, predict(cfg.model, cfg.cluster, c, mbs=cfg.mbs, dtype=cfg.dtype, params=params,
+                         micro_batches=cfg.micro_batches, recompute=cfg.recompute))
              for c in cands if c.kept]
     return sorted(pairs, key=lambda cp: (_key(cp[0]), cp[1].step_time_s, cp[0].layout.a2a))
 
@@ -77,12 +79,14 @@ def skip_slower_than(ordered: list[tuple[Candidate, Prediction]],
 
 def _row(c: Candidate, p: Prediction, rank: int, best: float, gpu_mem: float) -> dict[str, Any]:
     return {
-        "tp": c.tp, "cp": c.cp, "seq": c.seq, "dp": c.dp, "a2a": c.layout.a2a,
+        "tp": c.tp, "cp": c.cp, "seq": c.seq, "dp": c.dp, "pp": c.pp, "a2a": c.layout.a2a,
         "p2p": c.layout.p2p, "sizes": c.layout.sizes, "comm_type": c.layout.comm_type,
         "rank": rank, "label": p.label, "predicted_step_time_s": p.step_time_s,
         "vs_best": p.step_time_s / best,
         "breakdown_s": {"compute_s": p.compute_s, "exposed_a2a_s": p.exposed_a2a_s,
-                        "exposed_p2p_s": p.exposed_p2p_s, "other_s": p.other_s},
+                        "exposed_p2p_s": p.exposed_p2p_s, "other_s": p.other_s,
+                        "recompute_s": p.recompute_s, "bubble_s": p.bubble_s,
+                        "pp_send_s": p.pp_send_s},
         "terms_s": dataclasses.asdict(p.terms),  # the first three sums above, term by term
         "predicted_memory_gib": p.memory_gib,
         "memory_gib": {k: v for k, v in p.as_dict()["memory"].items()},
@@ -106,8 +110,10 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
         "label": label_for(cfg.cluster, params),
         "params_source": params.source,
         "params": params.as_dict(),
-        "cluster": cfg.cluster.name, "model": cfg.model.name, "cp": cfg.cp,
-        "mbs": cfg.mbs, "dtype": cfg.dtype, "env_tag": cfg.env_tag,
+        "cluster": cfg.cluster.name, "model": cfg.model.name, "cp": cfg.cp, "pp": cfg.pp,
+        "mbs": cfg.mbs, "gbs": cfg.gbs, "micro_batches": cfg.micro_batches,
+        "recompute": cfg.recompute.granularity, "dtype": cfg.dtype, "env_tag": cfg.env_tag,
+        "notes": notes(cfg),
         "gpu_memory_gib": cfg.cluster.gpu_memory_gib,
         "candidates": rows,
         "rejected": [{"tp": c.tp, "cp": c.cp, "seq": c.seq, "a2a": c.layout.a2a,

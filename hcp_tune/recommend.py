@@ -27,9 +27,9 @@ def nearest(recs: list[dict[str, Any]], want: dict[str, Any], n: int = 5) -> lis
         d = 0.0
         for k, weight in (("cluster", 100), ("model", 50)):
             d += weight * (str(r[k]) != str(want[k]))
-        for k in ("cp", "tp", "seq"):
+        for k in ("cp", "tp", "pp", "seq"):
             if want.get(k):
-                d += abs(math.log2(float(r[k]) / float(want[k])))
+                d += abs(math.log2(float(r.get(k) or 1) / float(want[k])))
         return d
 
     return sorted(recs, key=distance)[:n]
@@ -50,7 +50,8 @@ def python_form(rec: dict[str, Any]) -> list[str]:
 
 
 def key_text(r: dict[str, Any]) -> str:
-    return (f"cluster={r['cluster']} model={r['model']} tp={r['tp']} cp={r['cp']} seq={r['seq']}"
+    return (f"cluster={r['cluster']} model={r['model']} tp={r['tp']} pp={r.get('pp', 1)} "
+            f"cp={r['cp']} seq={r['seq']}"
             f" env_tag={r.get('env_tag', '')}")
 
 

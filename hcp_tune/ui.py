@@ -38,7 +38,7 @@ def print_plan(plan: dict[str, Any]) -> None:
     kept = sum(r["kept"] for r in rows)
     table = Table(
         title=f"plan: model={plan['model']} cluster={plan['cluster']} cp={plan['cp']} "
-        f"({kept} kept, {len(rows) - kept} rejected)",
+        f"pp={plan.get('pp', 1)} ({kept} kept, {len(rows) - kept} rejected)",
         show_lines=True,
     )
     for col in ("tp", "seq", "[a2a,p2p]", "comm", "status", "world", "nodes", "crosses",
@@ -53,7 +53,13 @@ def print_plan(plan: dict[str, Any]) -> None:
             str(r["world_size"]), str(r["nodes"]), r["crosses_nodes"],
             _groups(r["groups"]["a2a"]), _groups(r["groups"]["p2p"]), escape(why),
         )
+    _notes(plan)
     console().print(table)
+
+
+def _notes(data: dict[str, Any]) -> None:
+    for line in data.get("notes", []):
+        console().print(escape(f"note: {line}"))
 
 
 def print_findings(findings: Iterable[Any], source: str) -> None:
@@ -188,7 +194,8 @@ def print_predict(pred: dict[str, Any]) -> None:
     rows = pred["candidates"]
     table = Table(
         title=f"PREDICTED (cost model, not measured): model={pred['model']} "
-        f"cluster={pred['cluster']} cp={pred['cp']} mbs={pred['mbs']} {pred['dtype']}; "
+        f"cluster={pred['cluster']} cp={pred['cp']} pp={pred['pp']} mbs={pred['mbs']} "
+        f"gbs={pred['gbs']} recompute={pred['recompute']} {pred['dtype']}; "
         f"params: {pred['params_source']}",
         show_lines=False,
     )
@@ -213,6 +220,7 @@ def print_predict(pred: dict[str, Any]) -> None:
             escape("; ".join(r["flags"])) or "-",
         )
     out = console()
+    _notes(pred)
     out.print(table)
     for r in pred["rejected"]:
         out.print(escape(f"rejected tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: "

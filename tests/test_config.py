@@ -81,8 +81,11 @@ def test_each_size_has_a_documented_range(key, top):
 
 def test_the_world_of_one_trial_is_bounded():
     config.load(["cp=1024", f"dp={WORLD_MAX // 1024}", "seq=2048"])
-    with pytest.raises(ConfigError, match=rf"tp\*cp\*dp = 1\*1024\*{WORLD_MAX // 1024 + 1} = "):
+    with pytest.raises(ConfigError,
+                       match=rf"tp\*cp\*dp\*pp = 1\*1024\*{WORLD_MAX // 1024 + 1}\*1 = "):
         config.load(["cp=1024", f"dp={WORLD_MAX // 1024 + 1}", "seq=2048"])
+    with pytest.raises(ConfigError, match=r"tp\*cp\*dp\*pp = 1\*1024\*8\*3 = 24576 GPUs"):
+        config.load(["cp=1024", "dp=8", "pp=3", "seq=2048"])
 
 
 def test_all_problems_are_reported_together():

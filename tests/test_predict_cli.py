@@ -21,7 +21,8 @@ def run(*args, env=None):
 
 
 def test_predict_json_is_best_first_and_labelled():
-    r = run("predict", "cp=8", "seq=131072", "model=llama3-8b", "cluster=dgx-h100", "format=json")
+    r = run("predict", "cp=8", "seq=131072", "tp=1", "pp=1", "model=llama3-8b",
+            "cluster=dgx-h100", "format=json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["label"] == "predicted (uncalibrated defaults)"
@@ -34,7 +35,9 @@ def test_predict_json_is_best_first_and_labelled():
     for c in rows:
         assert c["label"].startswith("predicted")
         b = c["breakdown_s"]
-        assert set(b) == {"compute_s", "exposed_a2a_s", "exposed_p2p_s", "other_s"}
+        assert set(b) == {"compute_s", "exposed_a2a_s", "exposed_p2p_s", "other_s",
+                          "recompute_s", "bubble_s", "pp_send_s"}
+        assert b["recompute_s"] == b["bubble_s"] == b["pp_send_s"] == 0  # pp=1, no recompute
         assert sum(b.values()) == pytest.approx(c["predicted_step_time_s"])
         t = c["terms_s"]  # the terms of compute, exposed a2a and exposed p2p
         assert sum(t.values()) == pytest.approx(b["compute_s"] + b["exposed_a2a_s"]
