@@ -18,6 +18,7 @@ import dataclasses
 import shutil
 from typing import Any
 
+from hcp_tune import fit
 from hcp_tune.calibrate import load_params
 from hcp_tune.config import SweepConfig
 from hcp_tune.errors import ConfigError
@@ -99,13 +100,22 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
     """The ``predict`` table: every kept layout predicted, best first in each (seq, tp) key."""
     params = params or params_for(cfg)
     cands = plan_candidates(cfg)
-    ordered = ordering(cfg, cands, params=params)
+    gpu_mem = cfg.cluster.gpu_memory_gib
+    # layouts predicted not to fit come last in their key and get no rank: never recommended
+    ordered = sorted(ordering(cfg, cands, params=params),
+                     key=lambda cp: (_key(cp[0]), cp[1].memory_gib > gpu_mem))
     best = _best_by_key(ordered)
     rows, rank, last = [], 0, None
     for c, p in ordered:
         rank = 1 if _key(c) != last else rank + 1
         last = _key(c)
-        rows.append(_row(c, p, rank, best[_key(c)], cfg.cluster.gpu_memory_gib))
+        rows.append(_row(c, p, rank, best[_key(c)], gpu_mem))
+        if not rows[-1]["fits_memory"]:
+            rows[-1]["rank"] = None
+    unfit = sorted({_key(c) for c, _ in ordered} - {(r["seq"], r["tp"]) for r in rows
+                                                     if r["fits_memory"]})
+    advice = [fit.advice(dataclasses.replace(cfg, seqs=(seq,), tps=(tp,)), params)
+              for seq, tp in unfit]
     return {
         "label": label_for(cfg.cluster, params),
         "params_source": params.source,
@@ -116,6 +126,7 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
         "notes": notes(cfg),
         "gpu_memory_gib": cfg.cluster.gpu_memory_gib,
         "candidates": rows,
+        "fit_advice": advice,  # per (seq, tp) key where nothing fits: the smallest change
         "rejected": [{"tp": c.tp, "cp": c.cp, "seq": c.seq, "a2a": c.layout.a2a,
                       "p2p": c.layout.p2p, "sizes": c.layout.sizes, "reasons": list(c.reasons)}
                      for c in cands if not c.kept],

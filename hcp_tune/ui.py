@@ -209,7 +209,7 @@ def print_predict(pred: dict[str, Any]) -> None:
         b, t = r["breakdown_s"], r["terms_s"]
         fits = "yes" if r["fits_memory"] else f"[red]no (> {pred['gpu_memory_gib']:g})[/]"
         table.add_row(
-            str(r["tp"]), str(r["seq"]), str(r["rank"]), escape(f"[{r['a2a']},{r['p2p']}]"),
+            str(r["tp"]), str(r["seq"]), str(r["rank"] or "-"), escape(f"[{r['a2a']},{r['p2p']}]"),
             r["comm_type"], _ms(r["predicted_step_time_s"]), f"{r['vs_best']:.3f}x",
             _ms(b["compute_s"]),
             f"{_ms(t['compute_short_block_s'])} / {_ms(t['compute_few_heads_s'])}",
@@ -222,6 +222,10 @@ def print_predict(pred: dict[str, Any]) -> None:
     out = console()
     _notes(pred)
     out.print(table)
+    from hcp_tune.fit import advice_line
+
+    for a in pred.get("fit_advice", []):
+        out.print(escape(advice_line(a, pred["gpu_memory_gib"], "predict")))
     for r in pred["rejected"]:
         out.print(escape(f"rejected tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: "
                          + "; ".join(r["reasons"])))

@@ -165,8 +165,11 @@ class Mapping:
 MAPPINGS = {
     "python -m hcp_tune sweep cp=8 seq=131072": Mapping(
         gpu_profile_sweep, needs_gpu_absent=True,
-        # GPU profile: the first trial fails before measuring; keep SLURM to one job array
-        extra=("executor.array_parallelism=1",)),
+        # GPU profile: the first trial fails before measuring; keep SLURM to one job array.
+        # tp=1 pp=1: the Bridge recipe's tp=4 would make one stage 32 ranks on 4 nodes, more
+        # than the one-node local cluster has; the README's predicted path (no SLURM) runs
+        # as typed and is checked in tests/test_predict_cli.py
+        extra=("executor.array_parallelism=1", "tp=1", "pp=1")),
     "python -m hcp_tune sweep cp=4 seq=[2048,4096] model=tiny cluster=local runner=attention "
     "executor=slurm": Mapping(measured_sweep, SMALL, (*FAST, "search.early_stop=false")),
     "python -m hcp_tune recommend cluster=local model=tiny cp=4 seq=2048": Mapping(
