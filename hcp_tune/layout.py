@@ -138,9 +138,10 @@ class Candidate:
 
 
 def layout_facts(model: ModelSpec, cluster: ClusterProfile, layout: Layout, *, tp: int,
-                 seq: int, drop_cross_node_a2a: bool = False) -> Facts:
+                 seq: int, drop_cross_node_a2a: bool = False, pp: int = 1) -> Facts:
     """What the rules read about one candidate layout (as Bridge would run it)."""
     return Facts(
+        pp=pp, num_layers=model.layers,
         cp=layout.cp, tp=tp, seq=seq, heads=model.heads, kv_heads=model.kv_heads,
         comm_types=(layout.comm_type if layout.cp > 1 else "p2p",),
         sizes=tuple(layout.sizes) if layout.comm_type == "a2a+p2p" else None,
@@ -165,7 +166,7 @@ def enumerate_layouts(
     out = []
     for layout in factorizations(cp):
         facts = layout_facts(model, cluster, layout, tp=tp, seq=seq,
-                             drop_cross_node_a2a=drop_cross_node_a2a)
+                             drop_cross_node_a2a=drop_cross_node_a2a, pp=pp)
         found = evaluate(facts, LAYOUT_RULES)
         dropped = {"a2a-cross-node"} if drop_cross_node_a2a else set()
         reasons = [f.text for f in found if f.severity == "error" or f.rule in dropped]
