@@ -67,7 +67,8 @@ def stage_note(cfg: SweepConfig) -> str:
         return ""
     return (f"pp={cfg.pp}: the world is tp*cp*dp*pp and every stage has its own CP groups "
             f"(ranks s*tp*cp*dp .. (s+1)*tp*cp*dp-1 for stage s); the attention runner "
-            f"measures one stage's CP groups (world tp*cp*dp), runner=bridge the whole world")
+            f"measures one stage's CP groups (world tp*cp*dp); runner=bridge too, for now (pp "
+            f"is not passed to Bridge yet); the cost model predicts the whole pipeline")
 
 
 def notes(cfg: SweepConfig) -> list[str]:

@@ -104,7 +104,9 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
     # layouts predicted not to fit come last in their key and get no rank: never recommended
     ordered = sorted(ordering(cfg, cands, params=params),
                      key=lambda cp: (_key(cp[0]), cp[1].memory_gib > gpu_mem))
-    best = _best_by_key(ordered)
+    # vs_best against the fastest layout that fits (of all, in a key where none fits)
+    best = {**_best_by_key(ordered),
+            **_best_by_key([(c, p) for c, p in ordered if p.memory_gib <= gpu_mem])}
     rows, rank, last = [], 0, None
     for c, p in ordered:
         rank = 1 if _key(c) != last else rank + 1
