@@ -132,8 +132,14 @@ def cmd_sweep(args: list[str]) -> int:
     if runner == "model":
         _show(cfg.format, predict.predict_rows(cfg), "print_predict")
         return EXIT_OK
-    from hcp_tune import sweep
+    from hcp_tune import plan, sweep
 
+    from hcp_tune.fit import advice_line
+
+    for line in plan.notes(cfg):  # the recipe followed; one stage measured when pp > 1
+        print(f"sweep: {line}", file=sys.stderr)
+    for a in predict.predict_rows(cfg)["fit_advice"]:  # nothing fits: what would
+        print(advice_line(a, cfg.cluster.gpu_memory_gib, "sweep"), file=sys.stderr)
     cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, name=runner))
     ordered = predict.ordering(cfg)
     order = {}
@@ -161,7 +167,7 @@ def cmd_sweep(args: list[str]) -> int:
               f"{summary.pruned_saved_steps} measured step(s) not run")
     keys = {(tp, seq) for tp in cfg.tps for seq in cfg.seqs}
     recs = [r for r in summary.recommendations
-            if (r["tp"], r["seq"]) in keys and r["cp"] == cfg.cp
+            if (r["tp"], r["seq"]) in keys and r["cp"] == cfg.cp and r.get("pp", 1) == cfg.pp
             and r["cluster"] == cfg.cluster.name and r["model"] == cfg.model.name
             and r["runner"] == runner and r["env_tag"] == cfg.env_tag]
     if recs:
@@ -252,7 +258,7 @@ def cmd_recommend(args: list[str]) -> int:
         raise ConfigError("recommend answers one key: give one seq and one tp value")
     given = {a.split("=", 1)[0] for a in args}
     want = {"cluster": cfg.cluster.name, "model": cfg.model.name, "tp": cfg.tps[0],
-            "cp": cfg.cp, "seq": cfg.seqs[0],
+            "pp": cfg.pp, "cp": cfg.cp, "seq": cfg.seqs[0],
             "env_tag": cfg.env_tag if "env_tag" in given else None}
     recs = ResultStore(cfg.results_dir).recommendations()
     rec, near = recommend.answer(recs, want)
@@ -261,11 +267,18 @@ def cmd_recommend(args: list[str]) -> int:
 
         for line in injected_warnings(same_key(ResultStore(cfg.results_dir).rows(), rec)):
             print(f"recommend: warning: {line}", file=sys.stderr)
-    predicted = None
-    if rec is None:
-        from hcp_tune import predict
+    from hcp_tune import predict
 
-        ranked = predict.predict_rows(cfg)["candidates"]
+    pred = predict.predict_rows(cfg)
+    unfit = recommend.unfit_reason(rec, pred["candidates"], cfg.cluster.gpu_memory_gib) \
+        if rec else None
+    if unfit:  # the measured best would run out of memory in training: never recommended
+        print(f"recommend: not recommending {unfit}", file=sys.stderr)
+        rec = None
+    predicted = None
+    advice = pred["fit_advice"]
+    if rec is None:
+        ranked = [r for r in pred["candidates"] if r["fits_memory"]]
         predicted = ranked[0] if ranked else None
     if cfg.format == "json":
         print(json.dumps({
@@ -274,6 +287,7 @@ def cmd_recommend(args: list[str]) -> int:
             "python": recommend.python_form(rec) if rec else None,
             "nearest_measured": near,
             "prediction": predicted,
+            "fit_advice": advice,
         }, indent=2, default=str))
     elif rec:
         from hcp_tune import ui
@@ -293,6 +307,10 @@ def cmd_recommend(args: list[str]) -> int:
                   f"[{predicted['a2a']},{predicted['p2p']}] {predicted['comm_type']}, "
                   f"{predicted['predicted_step_time_s']:.4g} s per step")
             print("  " + " ".join(predicted["bridge_overrides"]))
+        from hcp_tune.fit import advice_line
+
+        for a in advice:
+            print(advice_line(a, cfg.cluster.gpu_memory_gib, "recommend"))
     return EXIT_OK if rec else EXIT_NOT_FOUND
 
 

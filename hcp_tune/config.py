@@ -17,6 +17,8 @@ from typing import Any, Literal
 from hcp_tune.cluster import ClusterProfile, cluster_from_mapping
 from hcp_tune.errors import ConfigError
 from hcp_tune.model import ModelSpec, model_from_mapping
+from hcp_tune.pipeline import Recompute
+from hcp_tune.recipes import recipe_for
 from hcp_tune.rules import BY_ID, Facts, evaluate
 from hcp_tune.schema import from_mapping
 from hcp_tune.settings import ExecutorConfig, RunnerConfig, SearchConfig, TopLevel
@@ -130,6 +132,15 @@ class SweepConfig:
     runner: RunnerConfig
     executor: ExecutorConfig
     search: SearchConfig
+    pp: int = 1  # pipeline stages (the world is tp*cp*dp*pp)
+    gbs: int = 0  # sequences per global batch; load() fills it (0 here: mbs*dp)
+    recompute: Recompute = Recompute()
+    recipe_note: str = ""  # which Bridge recipe chose tp/pp, or why none did ("" when given)
+
+    @property
+    def micro_batches(self) -> int:
+        """Pipeline micro-batches per step: gbs / (mbs*dp) (Megatron's calculator)."""
+        return max(1, (self.gbs or self.mbs * self.dp) // (self.mbs * self.dp))
 
     def __post_init__(self) -> None:
         problems = []
@@ -158,6 +169,30 @@ def absolute_path(value: Any) -> Path:
     return Path(os.path.abspath(os.path.expanduser(str(value))))
 
 
+def _parallel_sizes(t: TopLevel, model: str) -> tuple[tuple[int, ...], int, int, str]:
+    """(tps, pp, gbs, note): what the user gave, else Bridge's recipe for the model at each
+    seq (recipes.py), else tp=1 pp=1; gbs null is the recipe's, else mbs*dp."""
+    found = [r for s in t.seq if (r := recipe_for(model, s))]
+    tps = t.tp or tuple(dict.fromkeys(r.tp for r in found)) or (1,)
+    pp = t.pp or max((r.pp for r in found), default=1)
+    gbs = t.gbs or (found[0].gbs if found else t.mbs * t.dp)
+    if gbs % (t.mbs * t.dp):
+        gbs = t.mbs * t.dp * max(1, gbs // (t.mbs * t.dp))
+    note = ""
+    if t.tp is None or t.pp is None:
+        chosen = " ".join(f"{k}={v}" for k, v, given in (
+            ("tp", ",".join(map(str, tps)), t.tp), ("pp", pp, t.pp)) if given is None)
+        if found:
+            note = (f"{chosen} follow Bridge's recipe for model={model} seq="
+                    f"{','.join(str(s) for s in t.seq)}: "
+                    + "; ".join(dict.fromkeys(r.cite for r in found))
+                    + " (give tp=/pp= to choose)")
+        else:
+            note = (f"{chosen}: Bridge has no long-context recipe for model={model} at seq="
+                    f"{','.join(map(str, t.seq))} (give tp=/pp= to choose)")
+    return tps, pp, gbs, note
+
+
 def load(overrides: list[str]) -> SweepConfig:
     """Compose, then build every group's typed dataclass; all problems reported together."""
     cfg = compose(overrides)
@@ -181,13 +216,16 @@ def load(overrides: list[str]) -> SweepConfig:
     if problems:
         raise ConfigError("\n".join(problems))
     t: TopLevel = values.pop("top")
+    tps, pp, gbs, note = _parallel_sizes(t, values["model"].name)
     search, executor = values.pop("search"), values.pop("executor")
     if search.storage and "://" not in search.storage:  # a journal file, not an RDB URL
         search = dataclasses.replace(search, storage=str(absolute_path(search.storage)))
     if executor.folder:
         executor = dataclasses.replace(executor, folder=str(absolute_path(executor.folder)))
     return SweepConfig(
-        **values, cp=t.cp, seqs=t.seq, tps=t.tp, dp=t.dp, mbs=t.mbs, dtype=t.dtype,
+        **values, cp=t.cp, seqs=t.seq, tps=tps, pp=pp, gbs=gbs, dp=t.dp, mbs=t.mbs,
+        dtype=t.dtype, recipe_note=note,
+        recompute=Recompute(t.recompute, t.recompute_method, t.recompute_num_layers),
         drop_cross_node_a2a=t.drop_cross_node_a2a, format=t.format,
         results_dir=absolute_path(t.results_dir), env_tag=t.env_tag,
         search=search, executor=executor,

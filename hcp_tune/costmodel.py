@@ -31,11 +31,17 @@ on ``[a2a, p2p]``. The attention core of one layer, forward and backward
 - ``Terms`` splits the three sums into these parts for the user's breakdown;
   ``forward_only`` keeps the forward pass alone (published inference-style tables).
 
-Memory per rank (GiB): bf16 weights and fp32 gradients over TP, fp32 master weights and
-Adam moments (12 B/param) sharded over dp*cp (Megatron's distributed optimizer shards
-over the data-parallel-with-CP group), activations of the local ``seq/cp`` tokens for
-all layers (sequence parallel over TP, flash attention: no seq^2 term, no recompute),
-fp32 logits, one layer's a2a send/receive buffers and the ring's double-buffered K/V and
+Pipeline and recompute (pipeline.py): a stage holds ``layers/pp`` layers; a step runs
+``m = gbs/(mbs*dp)`` micro-batches through the 1F1B schedule, ``m`` slots of work plus
+``pp-1`` idle slots (the bubble) of the busiest stage (its layers plus the output layer),
+plus two sends of ``seq/cp x hidden/tp`` activations per micro-batch between stages.
+
+Memory per rank (GiB), of the stage that needs most: bf16 weights and fp32 gradients of
+the stage's parameters over TP, fp32 master weights and Adam moments (12 B/param) sharded
+over dp*cp (Megatron's distributed optimizer shards over the data-parallel-with-CP group),
+activations of the local ``seq/cp`` tokens for the stage's layers (sequence parallel over
+TP, flash attention: no seq^2 term; less with recompute) times the micro-batches the first
+stage keeps in flight (``min(pp, m)``), fp32 logits on the last stage, one layer's a2a send/receive buffers and the ring's double-buffered K/V and
 dK/dV blocks. Gradient reduce-scatter / parameter all-gather of the distributed optimizer
 are assumed overlapped with backward/forward and are not counted.
 """
@@ -49,6 +55,9 @@ from hcp_tune.cluster import ClusterProfile
 from hcp_tune.flops import causal_attention_flops, layer_gemm_flops, lm_head_flops
 from hcp_tune.layout import Candidate, layout_facts, rank_groups
 from hcp_tune.model import ModelSpec
+from hcp_tune.pipeline import (
+    FORWARD_SHARE, Recompute, in_flight, recomputed_layers, saved_activations, stage_layers,
+)
 from hcp_tune.rules import LAYOUT_RULES, evaluate
 
 GIB = 1024**3
@@ -195,16 +204,20 @@ class MemoryBreakdown:
 
 @dataclass(frozen=True, kw_only=True)
 class Prediction:
-    """A predicted step: ``step_time_s = compute_s + exposed_a2a_s + exposed_p2p_s + other_s``."""
+    """A predicted step: ``step_time_s = compute_s + exposed_a2a_s + exposed_p2p_s + other_s
+    + recompute_s + bubble_s + pp_send_s`` (the last three are 0 with pp=1 and no recompute)."""
 
     step_time_s: float
-    compute_s: float  # attention core compute (all layers, forward and backward)
+    compute_s: float  # attention core compute (a stage's layers, every micro-batch, fwd+bwd)
     exposed_a2a_s: float  # all-to-all time (never hidden)
     exposed_p2p_s: float  # ring time not hidden behind compute
     other_s: float  # GEMMs, TP collectives, per-layer overhead: the same for every layout
     memory_gib: float
     memory: MemoryBreakdown
     terms: Terms = field(default_factory=Terms)  # the sums above, term by term
+    recompute_s: float = 0.0  # forward passes run again in backward (activation recompute)
+    bubble_s: float = 0.0  # 1F1B: (pp-1) idle micro-batch slots of the busiest stage
+    pp_send_s: float = 0.0  # activations / gradients sent between pipeline stages
     label: str = "predicted"
 
     def as_dict(self) -> dict:
@@ -222,7 +235,7 @@ def label_for(cluster: ClusterProfile, params: CostParams) -> str:
 
 
 def _ranks_on_node(cand: Candidate, cluster: ClusterProfile) -> int:
-    world = cand.tp * cand.cp * cand.dp
+    world = cand.tp * cand.cp * cand.dp * cand.pp
     return max(1, min(world, cluster.gpus_per_node))
 
 
@@ -248,7 +261,8 @@ def _link(cluster: ClusterProfile, params: CostParams, crosses: bool) -> tuple[f
 def _groups(cand: Candidate, cluster: ClusterProfile):
     if cand.groups is not None:
         return cand.groups
-    return rank_groups(cand.layout, tp=cand.tp, dp=cand.dp, gpus_per_node=cluster.gpus_per_node)
+    return rank_groups(cand.layout, tp=cand.tp, dp=cand.dp, pp=cand.pp,
+                       gpus_per_node=cluster.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -379,18 +393,26 @@ def predict_attention_layer(
 
 def predict(
     model: ModelSpec, cluster: ClusterProfile, candidate: Candidate, *, mbs: int = 1,
-    dtype: str = "bf16", params: CostParams = CostParams(),
+    dtype: str = "bf16", params: CostParams = CostParams(), micro_batches: int = 1,
+    recompute: Recompute = Recompute(),
 ) -> Prediction:
-    """One full training step (forward, backward, all layers) of ``candidate`` on ``cluster``."""
+    """One full training step of ``candidate`` on ``cluster``: ``micro_batches`` micro-batches
+    of ``mbs`` sequences through ``candidate.pp`` pipeline stages (1F1B), forward and
+    backward, with ``recompute`` as Bridge configures it (pipeline.py). Times and memory
+    are those of the busiest stage; with pp=1, one micro-batch and no recompute this is
+    one micro-batch through every layer."""
     _check(model, cluster, candidate, mbs, dtype)
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be >= 1, but got {micro_batches=}.")
     att = _attention(model, cluster, candidate, mbs, dtype, params)
-    L, tp, cp, b = model.layers, candidate.tp, candidate.cp, DTYPE_BYTES[dtype]
+    pp, tp, cp, b = candidate.pp, candidate.tp, candidate.cp, DTYPE_BYTES[dtype]
+    L, m = stage_layers(model.layers, pp), micro_batches
     tokens = mbs * candidate.seq / cp
     ranks_on_node = _ranks_on_node(candidate, cluster)
 
     gemm_fwd = L * layer_gemm_flops(tokens, model.hidden, model.ffn_hidden, model.heads,
                                     model.kv_heads, model.head_dim)
-    gemm_fwd += lm_head_flops(tokens, model.hidden, model.vocab)
+    gemm_fwd += lm_head_flops(tokens, model.hidden, model.vocab)  # the last stage's
     gemm_s = 3 * gemm_fwd / tp / (peak_flops(cluster, params, dtype, ranks_on_node)
                                   * params.other_efficiency)
     tp_s = 0.0
@@ -398,22 +420,43 @@ def predict(
         bw, lat = _link(cluster, params, tp > cluster.gpus_per_node)
         tp_s = L * 8 * ((tp - 1) / tp * tokens * model.hidden * b / bw + lat)
     other = gemm_s + tp_s + L * params.layer_overhead_us * 1e-6
+    att_layer = att.compute_s + att.a2a_s + att.p2p_s
+    # recompute: the attention core's forward again (selective), or whole layers' forward
+    redo = recomputed_layers(L, recompute) * FORWARD_SHARE * (att_layer + (other / L))
+    if recompute.granularity == "selective":
+        redo = L * FORWARD_SHARE * att.compute_s
+    slot = L * att_layer + other + redo  # one micro-batch through this stage
+    send_s = 0.0
+    if pp > 1:  # forward activations out, backward gradients back, per micro-batch
+        stage_ranks = tp * cp * candidate.dp
+        bw, lat = _link(cluster, params, stage_ranks >= cluster.gpus_per_node)
+        send_s = m * 2 * (lat + tokens * model.hidden / tp * b / bw)
 
-    n = model.params / tp
+    stage_params = model.params
+    if pp > 1:  # this stage's layers and one of the two embedding-sized matrices
+        embed = model.vocab * model.hidden
+        stage_params = (model.params - 2 * embed) / pp + embed
+    n = stage_params / tp
     per_token = 4 * model.hidden + (2 * model.heads + 2 * model.kv_heads) * model.head_dim \
         + 3 * model.ffn_hidden  # saved elements per token per layer (LN/GEMM inputs, QKV, O, MLP)
-    acts = L * tokens * per_token / tp * b + tokens * model.vocab / tp * 4  # + fp32 logits
+    layer_bytes = tokens * per_token / tp * b
+    saved = saved_activations(layer_bytes, tokens * model.hidden / tp * b,
+                              tokens * model.heads * model.head_dim / tp * b, L, recompute)
+    logits = tokens * model.vocab / tp * 4  # fp32, on the last stage
+    acts = saved + logits if pp == 1 else max(saved * in_flight(pp, m), saved + logits)
     a2a_gib, p2p_gib = _buffers_gib(candidate, att)
     mem = MemoryBreakdown(
         weights_gib=n * b / GIB, grads_gib=n * 4 / GIB,
         optimizer_gib=n * 12 / (candidate.dp * cp) / GIB, activations_gib=acts / GIB,
         a2a_buffers_gib=a2a_gib, p2p_buffers_gib=p2p_gib,
     )
-    compute, a2a, p2p = L * att.compute_s, L * att.a2a_s, L * att.p2p_s
+    compute, a2a, p2p = m * L * att.compute_s, m * L * att.a2a_s, m * L * att.p2p_s
     return Prediction(
-        step_time_s=compute + a2a + p2p + other, compute_s=compute, exposed_a2a_s=a2a,
-        exposed_p2p_s=p2p, other_s=other, memory_gib=mem.total_gib, memory=mem,
-        terms=att.terms.scaled(L), label=label_for(cluster, params),
+        step_time_s=compute + a2a + p2p + m * other + m * redo + (pp - 1) * slot + send_s,
+        compute_s=compute, exposed_a2a_s=a2a, exposed_p2p_s=p2p, other_s=m * other,
+        recompute_s=m * redo, bubble_s=(pp - 1) * slot, pp_send_s=send_s,
+        memory_gib=mem.total_gib, memory=mem, terms=att.terms.scaled(m * L),
+        label=label_for(cluster, params),
     )
 
 

@@ -88,22 +88,28 @@ class RankGroups:
         return {k: [list(g) for g in getattr(self, k)] for k in ("cp", "a2a", "p2p")}
 
 
-def rank_groups(layout: Layout, *, tp: int, dp: int = 1, gpus_per_node: int) -> RankGroups:
-    """The groups Megatron-Core creates for ``layout`` (pp=1, ep=1, order tp-cp-ep-dp-pp).
+def rank_groups(layout: Layout, *, tp: int, dp: int = 1, pp: int = 1,
+                gpus_per_node: int) -> RankGroups:
+    """The groups Megatron-Core creates for ``layout`` (ep=1, order tp-cp-ep-dp-pp, the
+    default of ``initialize_model_parallel`` in Megatron-Core 0.16 and 0.19).
 
-    Global rank = tp_rank + tp * (cp_rank + cp * dp_rank); a flat CP group fixes tp_rank
-    and dp_rank. Level-0 groups are consecutive runs of ``a2a`` members of it, level-1
-    groups take every ``a2a``-th member.
+    Global rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)): PP varies
+    slowest, so pipeline stage ``s`` holds the ``tp*cp*dp`` consecutive ranks from
+    ``s*tp*cp*dp`` and has CP groups of its own. A flat CP group fixes tp_rank, dp_rank and
+    pp_rank. Level-0 groups are consecutive runs of ``a2a`` members of it, level-1 groups
+    take every ``a2a``-th member.
     """
     cp, a = layout.cp, layout.a2a
     cp_groups, l0, l1 = [], [], []
-    for d in range(dp):
-        for t in range(tp):
-            members = [t + tp * (j + cp * d) for j in range(cp)]
-            cp_groups.append(tuple(members))
-            l0 += [tuple(members[k * a : (k + 1) * a]) for k in range(layout.p2p)]
-            l1 += [tuple(members[i::a]) for i in range(a)]
-    return RankGroups(tuple(cp_groups), tuple(l0), tuple(l1), tp * cp * dp, gpus_per_node)
+    for s in range(pp):
+        for d in range(dp):
+            for t in range(tp):
+                members = [t + tp * (j + cp * (d + dp * s)) for j in range(cp)]
+                cp_groups.append(tuple(members))
+                l0 += [tuple(members[k * a : (k + 1) * a]) for k in range(layout.p2p)]
+                l1 += [tuple(members[i::a]) for i in range(a)]
+    return RankGroups(tuple(cp_groups), tuple(l0), tuple(l1), tp * cp * dp * pp,
+                      gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -119,16 +125,23 @@ class Candidate:
     flags: tuple[str, ...] = ()  # kept, but worth knowing (e.g. a2a over inter-node links)
     groups: RankGroups | None = field(default=None, compare=False)
     findings: tuple[Finding, ...] = field(default=(), compare=False)  # the rules that fired
+    pp: int = 1  # pipeline stages: the world is tp*cp*dp*pp, each stage has its own CP groups
 
     @property
     def cp(self) -> int:
         return self.layout.cp
 
+    def stage_groups(self, gpus_per_node: int) -> RankGroups:
+        """The groups of pipeline stage 0 alone (world tp*cp*dp): what the attention runner
+        builds and checks, since it measures one stage's CP groups, not the pipeline."""
+        return rank_groups(self.layout, tp=self.tp, dp=self.dp, gpus_per_node=gpus_per_node)
+
 
 def layout_facts(model: ModelSpec, cluster: ClusterProfile, layout: Layout, *, tp: int,
-                 seq: int, drop_cross_node_a2a: bool = False) -> Facts:
+                 seq: int, drop_cross_node_a2a: bool = False, pp: int = 1) -> Facts:
     """What the rules read about one candidate layout (as Bridge would run it)."""
     return Facts(
+        pp=pp, num_layers=model.layers,
         cp=layout.cp, tp=tp, seq=seq, heads=model.heads, kv_heads=model.kv_heads,
         comm_types=(layout.comm_type if layout.cp > 1 else "p2p",),
         sizes=tuple(layout.sizes) if layout.comm_type == "a2a+p2p" else None,
@@ -145,20 +158,22 @@ def enumerate_layouts(
     tp: int,
     seq: int,
     dp: int = 1,
+    pp: int = 1,
     drop_cross_node_a2a: bool = False,
 ) -> list[Candidate]:
-    """Every split of ``cp`` for one (tp, seq), each kept or rejected with its reasons."""
+    """Every split of ``cp`` for one (tp, seq), each kept or rejected with its reasons;
+    the rank groups span all ``pp`` pipeline stages."""
     out = []
     for layout in factorizations(cp):
         facts = layout_facts(model, cluster, layout, tp=tp, seq=seq,
-                             drop_cross_node_a2a=drop_cross_node_a2a)
+                             drop_cross_node_a2a=drop_cross_node_a2a, pp=pp)
         found = evaluate(facts, LAYOUT_RULES)
         dropped = {"a2a-cross-node"} if drop_cross_node_a2a else set()
         reasons = [f.text for f in found if f.severity == "error" or f.rule in dropped]
         flags = [f.text for f in found if f.severity != "error" and f.rule not in dropped]
-        groups = rank_groups(layout, tp=tp, dp=dp, gpus_per_node=cluster.gpus_per_node)
+        groups = rank_groups(layout, tp=tp, dp=dp, pp=pp, gpus_per_node=cluster.gpus_per_node)
         out.append(
             Candidate(layout, tp, seq, dp, not reasons, tuple(reasons), tuple(flags), groups,
-                      tuple(found))
+                      tuple(found), pp)
         )
     return out

@@ -24,6 +24,7 @@ def candidates(cfg: SweepConfig) -> list[Candidate]:
             tp=tp,
             seq=seq,
             dp=cfg.dp,
+            pp=cfg.pp,
             drop_cross_node_a2a=cfg.drop_cross_node_a2a,
         )
     ]
@@ -43,6 +44,7 @@ def row(c: Candidate) -> dict[str, Any]:
         "cp": c.cp,
         "seq": c.seq,
         "dp": c.dp,
+        "pp": c.pp,
         "a2a": c.layout.a2a,
         "p2p": c.layout.p2p,
         "sizes": c.layout.sizes,
@@ -59,12 +61,29 @@ def row(c: Candidate) -> dict[str, Any]:
     }
 
 
+def stage_note(cfg: SweepConfig) -> str:
+    """What the attention runner measures when the world has several pipeline stages."""
+    if cfg.pp == 1:
+        return ""
+    return (f"pp={cfg.pp}: the world is tp*cp*dp*pp and every stage has its own CP groups "
+            f"(ranks s*tp*cp*dp .. (s+1)*tp*cp*dp-1 for stage s); the attention runner "
+            f"measures one stage's CP groups (world tp*cp*dp); runner=bridge too, for now (pp "
+            f"is not passed to Bridge yet); the cost model predicts the whole pipeline")
+
+
+def notes(cfg: SweepConfig) -> list[str]:
+    """Lines every command prints above its table: the recipe followed, the stage note."""
+    return [n for n in (cfg.recipe_note, stage_note(cfg)) if n]
+
+
 def plan_rows(cfg: SweepConfig) -> dict[str, Any]:
     cands = candidates(cfg)
     return {
         "cluster": cfg.cluster.name,
         "model": cfg.model.name,
         "cp": cfg.cp,
+        "pp": cfg.pp,
+        "notes": notes(cfg),
         "candidates": [row(c) for c in cands],
         "estimate": sweep_estimate(cfg, cands),
     }

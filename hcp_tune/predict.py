@@ -18,12 +18,14 @@ import dataclasses
 import shutil
 from typing import Any
 
+from hcp_tune import fit
 from hcp_tune.calibrate import load_params
 from hcp_tune.config import SweepConfig
 from hcp_tune.errors import ConfigError
 from hcp_tune.costmodel import CostParams, Prediction, label_for, predict
 from hcp_tune.layout import Candidate
 from hcp_tune.plan import candidates as plan_candidates
+from hcp_tune.plan import notes
 
 def params_for(cfg: SweepConfig) -> CostParams:
     """Calibrated parameters for this cluster and env tag, or the defaults."""
@@ -39,7 +41,8 @@ def ordering(cfg: SweepConfig, cands: list[Candidate] | None = None, *,
     """Kept candidates with their predictions, by (seq, tp) key, fastest first in each key."""
     params = params or params_for(cfg)
     cands = plan_candidates(cfg) if cands is None else cands
-    pairs = [(c, predict(cfg.model, cfg.cluster, c, mbs=cfg.mbs, dtype=cfg.dtype, params=params))
+    pairs = [(c, predict(cfg.model, cfg.cluster, c, mbs=cfg.mbs, dtype=cfg.dtype, params=params,
+                         micro_batches=cfg.micro_batches, recompute=cfg.recompute))
              for c in cands if c.kept]
     return sorted(pairs, key=lambda cp: (_key(cp[0]), cp[1].step_time_s, cp[0].layout.a2a))
 
@@ -77,12 +80,14 @@ def skip_slower_than(ordered: list[tuple[Candidate, Prediction]],
 
 def _row(c: Candidate, p: Prediction, rank: int, best: float, gpu_mem: float) -> dict[str, Any]:
     return {
-        "tp": c.tp, "cp": c.cp, "seq": c.seq, "dp": c.dp, "a2a": c.layout.a2a,
+        "tp": c.tp, "cp": c.cp, "seq": c.seq, "dp": c.dp, "pp": c.pp, "a2a": c.layout.a2a,
         "p2p": c.layout.p2p, "sizes": c.layout.sizes, "comm_type": c.layout.comm_type,
         "rank": rank, "label": p.label, "predicted_step_time_s": p.step_time_s,
         "vs_best": p.step_time_s / best,
         "breakdown_s": {"compute_s": p.compute_s, "exposed_a2a_s": p.exposed_a2a_s,
-                        "exposed_p2p_s": p.exposed_p2p_s, "other_s": p.other_s},
+                        "exposed_p2p_s": p.exposed_p2p_s, "other_s": p.other_s,
+                        "recompute_s": p.recompute_s, "bubble_s": p.bubble_s,
+                        "pp_send_s": p.pp_send_s},
         "terms_s": dataclasses.asdict(p.terms),  # the first three sums above, term by term
         "predicted_memory_gib": p.memory_gib,
         "memory_gib": {k: v for k, v in p.as_dict()["memory"].items()},
@@ -95,21 +100,35 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
     """The ``predict`` table: every kept layout predicted, best first in each (seq, tp) key."""
     params = params or params_for(cfg)
     cands = plan_candidates(cfg)
-    ordered = ordering(cfg, cands, params=params)
-    best = _best_by_key(ordered)
+    gpu_mem = cfg.cluster.gpu_memory_gib
+    # layouts predicted not to fit come last in their key and get no rank: never recommended
+    ordered = sorted(ordering(cfg, cands, params=params),
+                     key=lambda cp: (_key(cp[0]), cp[1].memory_gib > gpu_mem))
+    # vs_best against the fastest layout that fits (of all, in a key where none fits)
+    best = {**_best_by_key(ordered),
+            **_best_by_key([(c, p) for c, p in ordered if p.memory_gib <= gpu_mem])}
     rows, rank, last = [], 0, None
     for c, p in ordered:
         rank = 1 if _key(c) != last else rank + 1
         last = _key(c)
-        rows.append(_row(c, p, rank, best[_key(c)], cfg.cluster.gpu_memory_gib))
+        rows.append(_row(c, p, rank, best[_key(c)], gpu_mem))
+        if not rows[-1]["fits_memory"]:
+            rows[-1]["rank"] = None
+    unfit = sorted({_key(c) for c, _ in ordered} - {(r["seq"], r["tp"]) for r in rows
+                                                     if r["fits_memory"]})
+    advice = [fit.advice(dataclasses.replace(cfg, seqs=(seq,), tps=(tp,)), params)
+              for seq, tp in unfit]
     return {
         "label": label_for(cfg.cluster, params),
         "params_source": params.source,
         "params": params.as_dict(),
-        "cluster": cfg.cluster.name, "model": cfg.model.name, "cp": cfg.cp,
-        "mbs": cfg.mbs, "dtype": cfg.dtype, "env_tag": cfg.env_tag,
+        "cluster": cfg.cluster.name, "model": cfg.model.name, "cp": cfg.cp, "pp": cfg.pp,
+        "mbs": cfg.mbs, "gbs": cfg.gbs, "micro_batches": cfg.micro_batches,
+        "recompute": cfg.recompute.granularity, "dtype": cfg.dtype, "env_tag": cfg.env_tag,
+        "notes": notes(cfg),
         "gpu_memory_gib": cfg.cluster.gpu_memory_gib,
         "candidates": rows,
+        "fit_advice": advice,  # per (seq, tp) key where nothing fits: the smallest change
         "rejected": [{"tp": c.tp, "cp": c.cp, "seq": c.seq, "a2a": c.layout.a2a,
                       "p2p": c.layout.p2p, "sizes": c.layout.sizes, "reasons": list(c.reasons)}
                      for c in cands if not c.kept],

@@ -27,9 +27,9 @@ def nearest(recs: list[dict[str, Any]], want: dict[str, Any], n: int = 5) -> lis
         d = 0.0
         for k, weight in (("cluster", 100), ("model", 50)):
             d += weight * (str(r[k]) != str(want[k]))
-        for k in ("cp", "tp", "seq"):
+        for k in ("cp", "tp", "pp", "seq"):
             if want.get(k):
-                d += abs(math.log2(float(r[k]) / float(want[k])))
+                d += abs(math.log2(float(r.get(k) or 1) / float(want[k])))
         return d
 
     return sorted(recs, key=distance)[:n]
@@ -50,7 +50,8 @@ def python_form(rec: dict[str, Any]) -> list[str]:
 
 
 def key_text(r: dict[str, Any]) -> str:
-    return (f"cluster={r['cluster']} model={r['model']} tp={r['tp']} cp={r['cp']} seq={r['seq']}"
+    return (f"cluster={r['cluster']} model={r['model']} tp={r['tp']} pp={r.get('pp', 1)} "
+            f"cp={r['cp']} seq={r['seq']}"
             f" env_tag={r.get('env_tag', '')}")
 
 
@@ -60,3 +61,21 @@ def answer(recs: list[dict[str, Any]], want: dict[str, Any]) -> tuple[Optional[d
     if found:
         return found[0], []
     return None, nearest(recs, want)
+
+
+def unfit_reason(rec: dict[str, Any], predicted: list[dict[str, Any]],
+                 gpu_memory_gib: float) -> Optional[str]:
+    """Why a measured best layout must not be recommended (it would run out of memory in
+    training), or None. Measured: its peak (reserved or device-used) memory over the GPU's;
+    predicted: the cost model's full-step memory of that layout over it."""
+    peak = rec.get("peak_mem_bytes")
+    if peak is not None and not (isinstance(peak, float) and math.isnan(peak)) \
+            and float(peak) > gpu_memory_gib * 1024**3:
+        return (f"[{rec['a2a']},{rec['p2p']}] measured {float(peak) / 1024**3:.1f} GiB peak "
+                f"> {gpu_memory_gib:g} GiB per GPU")
+    for r in predicted:
+        if (r["a2a"], r["p2p"]) == (int(rec["a2a"]), int(rec["p2p"])) and not r["fits_memory"]:
+            return (f"[{rec['a2a']},{rec['p2p']}] is predicted to need "
+                    f"{r['predicted_memory_gib']:.1f} GiB per GPU in training > "
+                    f"{gpu_memory_gib:g} GiB")
+    return None

@@ -47,7 +47,7 @@ from hcp_tune.noise import noise, percentile
 MIN_TRIALS = 3
 BOOTSTRAP_N = 2000
 CI_LEVEL = 0.95
-COMPARED = ("cluster", "model", "tp", "cp", "seq", "runner")  # the sweep key without env_tag
+COMPARED = ("cluster", "model", "tp", "pp", "cp", "seq", "runner")  # the sweep key without env_tag
 IGNORED_FINGERPRINT = ("hosts",)  # host names alone never make rows differ
 
 METHOD = (
@@ -149,7 +149,13 @@ class Report:
 
 
 def key_text(key: tuple) -> str:
-    return " ".join(f"{k}={v}" for k, v in zip(COMPARED, key))
+    """The key as the user types it; pp=1 is left out, as in the sweep key's name."""
+    return " ".join(f"{k}={v}" for k, v in zip(COMPARED, key) if k != "pp" or v != 1)
+
+
+def row_key(r: dict[str, Any]) -> tuple:
+    """A row's COMPARED values; a row stored before pp joined the key has pp=1."""
+    return tuple(r.get(k, 1) if k == "pp" else r.get(k) for k in COMPARED)
 
 
 def fingerprint_of(row: dict[str, Any]) -> dict[str, Any]:
@@ -244,7 +250,7 @@ def _winner(groups: dict[int, list[dict]]) -> Optional[tuple[str, float, float]]
 def _by_key_layout(rows: list[dict]) -> dict[tuple, dict[int, list[dict]]]:
     out: dict[tuple, dict[int, list[dict]]] = {}
     for r in rows:
-        key = tuple(r.get(k) for k in COMPARED)
+        key = row_key(r)
         out.setdefault(key, {}).setdefault(int(r["a2a"]), []).append(r)
     return out
 
@@ -308,7 +314,7 @@ def compare(rows: list[dict[str, Any]], opts: Options) -> Report:
             f"{MIN_TRIALS} search.early_stop=false and the same env_tag")
     report = Report(opts, keys)
     chosen = [r for r in rows if r.get("env_tag") in (opts.baseline, opts.candidate)
-              and tuple(r.get(k) for k in COMPARED) in set(common)]
+              and row_key(r) in set(common)]
     report.warnings = injected_warnings(chosen) + drift_warnings(chosen)
     uncompared = sorted(set(base) ^ set(cand), key=str)
     if uncompared or one_sided:
@@ -331,7 +337,9 @@ def _keys_text(groups: dict) -> str:
 def same_key(rows: list[dict[str, Any]], key: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of one sweep key (``key`` holds the key fields, as a recommendation does)."""
     fields = (*COMPARED, "env_tag")
-    return [r for r in rows if all(str(r.get(k)) == str(key.get(k)) for k in fields)]
+    default = {"pp": 1}  # rows and tables stored before pp joined the key
+    return [r for r in rows if all(str(r.get(k, default.get(k))) == str(key.get(k, default.get(k)))
+                                   for k in fields)]
 
 
 def injected_warnings(rows: list[dict[str, Any]]) -> list[str]:

@@ -58,6 +58,8 @@ class Facts:
     per_token_loss: bool = False  # model.calculate_per_token_loss
     average_in_collective: bool = False  # ddp.average_in_collective
     drop_cross_node_a2a: bool = False
+    pp: int = 1  # model.pipeline_model_parallel_size
+    pp_plain: bool = True  # no uneven first/last stage, no layout, no account_for_* split
 
     @property
     def hcp(self) -> bool:
@@ -273,6 +275,27 @@ def _a2a_cross_node(f: Facts):
             sizes_fix(f))
 
 
+def _layers_pp(f: Facts):
+    if f.pp == 1 or f.num_layers is None or not f.pp_plain or f.num_layers % f.pp == 0:
+        return None
+    best = max(d for d in range(1, f.pp + 1) if f.num_layers % d == 0)
+    return (f"num_layers {f.num_layers} is not divisible by pipeline_model_parallel_size "
+            f"{f.pp} ({f.num_layers} % {f.pp} = {f.num_layers % f.pp}): Megatron-Core asserts "
+            "\"num_layers should be divisible by pipeline_model_parallel_size\"",
+            f"model.pipeline_model_parallel_size={best}")
+
+
+def _pp_stage_placement(f: Facts):
+    block, g = f.tp * f.cp, f.gpus_per_node
+    if f.pp == 1 or f.cp == 1 or g is None or block % g == 0 or g % block == 0:
+        return None
+    return (f"pipeline stages place their CP groups differently: a stage's CP groups are "
+            f"blocks of tp*cp = {f.tp}*{f.cp} = {block} consecutive ranks, which neither "
+            f"divides nor is a multiple of {g} GPUs per node, so some stages' groups cross "
+            f"nodes where stage 0's (what the attention runner measures) may not",
+            f"a tp*cp that divides {g} or is a multiple of it")
+
+
 def _decentralized(f: Facts):
     if not f.decentralized_pg or not (f.hcp or f.sizes):
         return None
@@ -432,6 +455,16 @@ RULES: tuple[Rule, ...] = (
     Rule("a2a-cross-node", "warning", (M + "tensor_model_parallel_size", SIZES_KEY),
          "tp*a2a <= GPUs per node: the all-to-all should stay on NVLink",
          "placement (hcp-facts.md section 2)", _a2a_cross_node, layout=True),
+    Rule("layers-pp", "error", (M + "num_layers", M + "pipeline_model_parallel_size"),
+         "num_layers divisible by pp (the plain case: no uneven first/last stage, no "
+         "pipeline layout, no account_for_*_in_pipeline_split)",
+         "Megatron-Core transformer_block.py get_num_layers_to_build", _layers_pp, layout=True),
+    Rule("pp-stage-placement", "warning", (M + "pipeline_model_parallel_size",
+         M + "tensor_model_parallel_size", M + "context_parallel_size"),
+         "with pp > 1, every stage's CP groups sit alike on nodes only when tp*cp divides "
+         "or is a multiple of the GPUs per node",
+         "placement: order tp-cp-ep-dp-pp (parallel_state.RankGenerator)", _pp_stage_placement,
+         layout=True),
     Rule("decentralized-pg", "error", ("dist.use_decentralized_pg", SIZES_KEY),
          "dist.use_decentralized_pg=false with HCP", "Bridge training/initialize.py",
          _decentralized),

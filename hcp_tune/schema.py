@@ -112,6 +112,8 @@ def _check_field(value: Any, tp: Any, key: str, meta: Mapping[str, Any]) -> Any:
         try:
             return _check_field(value, tp, key, {**meta, "optional": True})
         except ConfigError:
+            if typing.get_origin(tp) is tuple:  # its own line names the element and range
+                raise
             raise ConfigError(f"{key}={value!r}: expected null or {_expected(tp, meta)}") from None
     if origin is typing.Union:  # str | list[str], values from meta["choices"]
         items = value if isinstance(value, list) else [value]

@@ -22,9 +22,11 @@ from hcp_tune.spec import FailureClass
 CP_MAX = 1024  # largest CP split; Megatron-Bridge's published runs use up to 32-64
 TP_MAX = 64  # TP stays inside an NVLink domain (72 GPUs on GB200 NVL72)
 DP_MAX = 1024  # data-parallel replicas measured in one trial
+PP_MAX = 512  # pipeline stages; Llama 3 405B recipes use 8-16, nothing real uses hundreds
+GBS_MAX = 2 ** 24  # sequences per global batch
 SEQ_MAX = 2 ** 24  # 16,777,216 tokens, past the longest published CP runs (~10M)
 MBS_MAX = 1024
-WORLD_MAX = 16384  # tp*cp*dp GPUs in one trial (plan lists every rank group: stays ~1 s)
+WORLD_MAX = 16384  # tp*cp*dp*pp GPUs planned (plan lists every rank group: stays ~1 s)
 
 Runner = Literal["auto", "attention", "model", "bridge", "attention+bridge"]
 RUNNERS: tuple[str, ...] = typing.get_args(Runner)
@@ -45,9 +47,20 @@ class TopLevel:
 
     cp: int = _f("context-parallel size to split", max=CP_MAX)
     seq: tuple[int, ...] = _f("sequence length(s)", max=SEQ_MAX)
-    tp: tuple[int, ...] = _f("tensor-parallel size(s)", max=TP_MAX)
+    tp: Optional[tuple[int, ...]] = _f(
+        "tensor-parallel size(s); null: the Bridge recipe's for the model and seq", max=TP_MAX)
+    pp: Optional[int] = _f("pipeline-parallel stages; null: the Bridge recipe's", max=PP_MAX)
     dp: int = _f("data-parallel replicas in a trial", max=DP_MAX)
     mbs: int = _f("micro-batch size", max=MBS_MAX)
+    gbs: Optional[int] = _f("global batch size in sequences; null: mbs*dp (one micro-batch "
+                            "per step)", max=GBS_MAX)
+    recompute: Literal["none", "selective", "full"] = _f(
+        "activation recompute granularity, as Bridge's model.recompute_granularity")
+    recompute_method: Literal["uniform", "block"] = _f(
+        "recompute=full: Bridge's model.recompute_method")
+    recompute_num_layers: Optional[int] = _f(
+        "recompute=full: Bridge's model.recompute_num_layers; null: 1 (uniform) or every "
+        "layer of a stage (block)", max=1024)
     dtype: Literal["bf16", "fp16", "fp32"] = _f("attention dtype")
     drop_cross_node_a2a: bool = _f("reject layouts whose a2a level leaves a node")
     format: Literal["table", "json"] = _f("output format")
@@ -55,11 +68,17 @@ class TopLevel:
     env_tag: str = _f("name of the software stack measured")
 
     def __post_init__(self) -> None:
-        world = max(self.tp) * self.cp * self.dp
+        tp, pp = max(self.tp or (1,)), self.pp or 1
+        world = tp * self.cp * self.dp * pp
         if world > WORLD_MAX:
             raise ConfigError(
-                f"tp*cp*dp = {max(self.tp)}*{self.cp}*{self.dp} = {world} GPUs: expected at "
-                f"most {WORLD_MAX} in one trial")
+                f"tp*cp*dp*pp = {tp}*{self.cp}*{self.dp}*{pp} = {world} GPUs: expected at "
+                f"most {WORLD_MAX}")
+        if self.gbs is not None and self.gbs % (self.mbs * self.dp):
+            raise ConfigError(
+                f"gbs={self.gbs}: must be a multiple of mbs*dp = {self.mbs}*{self.dp} = "
+                f"{self.mbs * self.dp} (Megatron's micro-batch calculator asserts it); "
+                f"e.g. gbs={self.mbs * self.dp * max(1, self.gbs // (self.mbs * self.dp))}")
 
 
 @dataclass(frozen=True, kw_only=True)

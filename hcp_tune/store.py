@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -25,7 +25,7 @@ from hcp_tune.errors import HcpError
 from hcp_tune.noise import row_noise
 from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
 
-KEY_FIELDS = ("cluster", "model", "tp", "cp", "seq", "runner", "env_tag")
+KEY_FIELDS = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "env_tag")
 # The columns of trials.csv (what ``trial_row`` returns, in order; a row's extra fields,
 # such as a skipped layout's ``predicted_step_s``, follow) and of recommendations.csv.
 # Both files always have their header, even when nothing was stored or ranked.
@@ -61,10 +61,14 @@ class SweepKey:
     seq: int
     runner: str
     env_tag: str
+    pp: int = 1
 
     @property
     def name(self) -> str:
-        return "|".join(f"{k}={getattr(self, k)}" for k in KEY_FIELDS)
+        # pp=1 is left out so that keys (and their slugs, row folders and optuna studies)
+        # stored before pp joined the key stay the same
+        return "|".join(f"{k}={getattr(self, k)}" for k in KEY_FIELDS
+                        if k != "pp" or self.pp != 1)
 
     @property
     def slug(self) -> str:
@@ -74,7 +78,7 @@ class SweepKey:
 def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any) -> dict[str, Any]:
     """One flat row: the key, the layout, the status and every measured statistic."""
     return {
-        **asdict(key),
+        **{k: getattr(key, k) for k in KEY_FIELDS},
         "trial_id": spec.trial_id,
         "a2a": spec.a2a,
         "p2p": spec.p2p,
@@ -157,6 +161,8 @@ class ResultStore:
                     f"{path}: row schema {version} > {ROW_SCHEMA}, the newest this hcp-tune "
                     "reads: it was written by a newer hcp-tune; upgrade hcp-tune, or use "
                     "another results_dir")
+            if isinstance(row, dict):
+                row.setdefault("pp", 1)  # rows stored before pp joined the key
             out.append(row)
         return out
 
@@ -186,7 +192,11 @@ class ResultStore:
                                                                "env_tag")})
         except pd.errors.EmptyDataError:  # written by an older version with nothing ranked
             return []
-        return json.loads(frame.to_json(orient="records"))
+        recs = json.loads(frame.to_json(orient="records"))
+        for r in recs:  # a table written before pp joined the key
+            if r.get("pp") is None:
+                r["pp"] = 1
+        return recs
 
 
 def _nan(v: Any) -> bool:

@@ -89,7 +89,8 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
         ffn_hidden=m.ffn_hidden, layers=m.layers, vocab=m.vocab,
         runner=r.name, backend=r.backend, qkv_format=r.qkv_format, warmup_steps=r.warmup_steps,
         measure_steps=r.measure_steps, time_limit_s=r.time_limit_s,
-        expected_groups=cand.groups.as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
+        # one pipeline stage's groups: the attention runner measures a stage (world tp*cp*dp)
+        expected_groups=cand.stage_groups(cfg.cluster.gpus_per_node).as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
         device=cfg.cluster.device,
         progress_path=str(progress_dir / f"{trial_id}.jsonl"), env_tag=cfg.env_tag,
         result_path=str(trials_dir / f"{trial_id}.result.json"),
@@ -280,7 +281,7 @@ class Sweeper:
         c = self.cfg
         return SweepKey(cluster=c.cluster.name, model=c.model.name, tp=cand.tp, cp=cand.cp,
                         seq=cand.seq, runner=c.runner.name,
-                        env_tag=c.env_tag)
+                        env_tag=c.env_tag, pp=cand.pp)
 
     def plan(self) -> None:
         from hcp_tune import tuner

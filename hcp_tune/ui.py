@@ -38,7 +38,7 @@ def print_plan(plan: dict[str, Any]) -> None:
     kept = sum(r["kept"] for r in rows)
     table = Table(
         title=f"plan: model={plan['model']} cluster={plan['cluster']} cp={plan['cp']} "
-        f"({kept} kept, {len(rows) - kept} rejected)",
+        f"pp={plan.get('pp', 1)} ({kept} kept, {len(rows) - kept} rejected)",
         show_lines=True,
     )
     for col in ("tp", "seq", "[a2a,p2p]", "comm", "status", "world", "nodes", "crosses",
@@ -53,9 +53,15 @@ def print_plan(plan: dict[str, Any]) -> None:
             str(r["world_size"]), str(r["nodes"]), r["crosses_nodes"],
             _groups(r["groups"]["a2a"]), _groups(r["groups"]["p2p"]), escape(why),
         )
+    _notes(plan)
     console().print(table)
     if plan.get("estimate"):
         console().print(escape(f"sweep cost of the kept layouts: {plan['estimate']['text']}"))
+
+
+def _notes(data: dict[str, Any]) -> None:
+    for line in data.get("notes", []):
+        console().print(escape(f"note: {line}"))
 
 
 def print_findings(findings: Iterable[Any], source: str) -> None:
@@ -195,7 +201,8 @@ def print_predict(pred: dict[str, Any]) -> None:
     rows = pred["candidates"]
     table = Table(
         title=f"PREDICTED (cost model, not measured): model={pred['model']} "
-        f"cluster={pred['cluster']} cp={pred['cp']} mbs={pred['mbs']} {pred['dtype']}; "
+        f"cluster={pred['cluster']} cp={pred['cp']} pp={pred['pp']} mbs={pred['mbs']} "
+        f"gbs={pred['gbs']} recompute={pred['recompute']} {pred['dtype']}; "
         f"params: {pred['params_source']}",
         show_lines=False,
     )
@@ -209,7 +216,7 @@ def print_predict(pred: dict[str, Any]) -> None:
         b, t = r["breakdown_s"], r["terms_s"]
         fits = "yes" if r["fits_memory"] else f"[red]no (> {pred['gpu_memory_gib']:g})[/]"
         table.add_row(
-            str(r["tp"]), str(r["seq"]), str(r["rank"]), escape(f"[{r['a2a']},{r['p2p']}]"),
+            str(r["tp"]), str(r["seq"]), str(r["rank"] or "-"), escape(f"[{r['a2a']},{r['p2p']}]"),
             r["comm_type"], _ms(r["predicted_step_time_s"]), f"{r['vs_best']:.3f}x",
             _ms(b["compute_s"]),
             f"{_ms(t['compute_short_block_s'])} / {_ms(t['compute_few_heads_s'])}",
@@ -220,7 +227,12 @@ def print_predict(pred: dict[str, Any]) -> None:
             escape("; ".join(r["flags"])) or "-",
         )
     out = console()
+    _notes(pred)
     out.print(table)
+    from hcp_tune.fit import advice_line
+
+    for a in pred.get("fit_advice", []):
+        out.print(escape(advice_line(a, pred["gpu_memory_gib"], "predict")))
     for r in pred["rejected"]:
         out.print(escape(f"rejected tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: "
                          + "; ".join(r["reasons"])))

@@ -200,6 +200,11 @@ def facts(tree: dict[str, Any], *, model: Optional[ModelSpec] = None,
         finetuning=is_finetuning(tree),
         per_token_loss=_bool(tree, "model.calculate_per_token_loss", False),
         average_in_collective=_bool(tree, "ddp.average_in_collective", False),
+        pp=_int(tree, "model.pipeline_model_parallel_size", 1) or 1,
+        pp_plain=not any(_get(tree, f"model.{k}") for k in (
+            "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+            "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+            "pipeline_model_parallel_layout")),
     )
 
 

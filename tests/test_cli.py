@@ -18,7 +18,8 @@ def run(*args, env=None, cwd=REPO):
 
 
 def test_plan_lists_every_cp8_layout_kept_with_groups():
-    r = run("plan", "cp=8", "seq=131072", "model=llama3-8b", "cluster=dgx-h100", "format=json")
+    r = run("plan", "cp=8", "seq=131072", "tp=1", "pp=1", "model=llama3-8b", "cluster=dgx-h100",
+            "format=json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     rows = plan["candidates"]
@@ -32,8 +33,8 @@ def test_plan_lists_every_cp8_layout_kept_with_groups():
 
 
 def test_plan_cp16_tp2_rejects_and_flags_with_reasons():
-    r = run("plan", "cp=16", "tp=2", "seq=131072", "model=llama3-8b", "cluster=dgx-h100",
-            "format=json")
+    r = run("plan", "cp=16", "tp=2", "pp=1", "seq=131072", "model=llama3-8b",
+            "cluster=dgx-h100", "format=json")
     assert r.returncode == 0, r.stderr
     rows = {tuple(c["sizes"]): c for c in json.loads(r.stdout)["candidates"]}
     assert rows[(4, 4)]["kept"] and rows[(4, 4)]["crosses_nodes"] == "p2p"
@@ -114,7 +115,7 @@ def test_user_cluster_profile_is_one_yaml_file(tmp_path):
         "device: cuda\ngpu_name: L40S\ngpus_per_node: 4\nintra_node_bw_gbs: 32\n"
         "inter_node_bw_gbs: 25\npeak_bf16_tflops: 362\ngpu_memory_gib: 48\n"
     )
-    r = run("plan", "cluster=mine", "cp=8", "seq=65536", "format=json",
+    r = run("plan", "cluster=mine", "cp=8", "seq=65536", "tp=1", "format=json",
             env={"HCP_TUNE_CONFIG_PATH": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     rows = {tuple(c["sizes"]): c for c in json.loads(r.stdout)["candidates"]}

@@ -81,8 +81,11 @@ def test_each_size_has_a_documented_range(key, top):
 
 def test_the_world_of_one_trial_is_bounded():
     config.load(["cp=1024", f"dp={WORLD_MAX // 1024}", "seq=2048"])
-    with pytest.raises(ConfigError, match=rf"tp\*cp\*dp = 1\*1024\*{WORLD_MAX // 1024 + 1} = "):
+    with pytest.raises(ConfigError,
+                       match=rf"tp\*cp\*dp\*pp = 1\*1024\*{WORLD_MAX // 1024 + 1}\*1 = "):
         config.load(["cp=1024", f"dp={WORLD_MAX // 1024 + 1}", "seq=2048"])
+    with pytest.raises(ConfigError, match=r"tp\*cp\*dp\*pp = 1\*1024\*8\*3 = 24576 GPUs"):
+        config.load(["cp=1024", "dp=8", "pp=3", "seq=2048"])
 
 
 def test_all_problems_are_reported_together():
@@ -111,3 +114,30 @@ def run(*args):
 def test_cli_refuses_at_load_in_one_line_exit_2(args, line):
     r = run(*args)
     assert r.returncode == 2 and r.stderr.strip() == line and r.stdout == ""
+
+
+def test_pp_gbs_and_recompute_load_and_gbs_must_divide_by_mbs_dp():
+    cfg = config.load(["pp=4", "tp=2", "gbs=64", "dp=2", "recompute=full",
+                       "recompute_method=block", "recompute_num_layers=3"])
+    assert (cfg.pp, cfg.gbs, cfg.micro_batches) == (4, 64, 32)
+    assert (cfg.recompute.granularity, cfg.recompute.method, cfg.recompute.num_layers) == \
+        ("full", "block", 3)
+    with pytest.raises(ConfigError, match=r"^gbs=3: must be a multiple of mbs\*dp = 1\*2 = 2 "):
+        config.load(["gbs=3", "dp=2"])
+    with pytest.raises(ConfigError, match=r"^pp=513: expected null or an integer in 1\.\.512$"):
+        config.load(["pp=513"])
+    with pytest.raises(ConfigError, match=r"^recompute='some': expected one of none, selective"):
+        config.load(["recompute=some"])
+
+
+def test_tp_and_pp_follow_the_bridge_recipe_unless_given():
+    cfg = config.load(["cp=8", "seq=131072", "model=llama3-8b"])
+    assert (cfg.tps, cfg.pp, cfg.gbs) == ((4,), 2, 512)
+    assert "llama3_8b_128k_pretrain_config" in cfg.recipe_note
+    cfg = config.load(["cp=8", "seq=131072", "model=llama3-8b", "tp=2"])
+    assert (cfg.tps, cfg.pp) == ((2,), 2) and cfg.recipe_note.startswith("pp=2 follow")
+    cfg = config.load(["cp=8", "seq=131072", "model=llama3-8b", "tp=1", "pp=1"])
+    assert (cfg.tps, cfg.pp, cfg.recipe_note) == ((1,), 1, "")
+    cfg = config.load(["cp=4", "seq=2048", "model=tiny", "cluster=local"])
+    assert (cfg.tps, cfg.pp, cfg.gbs) == ((1,), 1, 1)
+    assert "Bridge has no long-context recipe for model=tiny" in cfg.recipe_note

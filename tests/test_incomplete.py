@@ -2,7 +2,7 @@
 layouts missing and why, in recommendations.csv and by `recommend`."""
 from hcp_tune.store import SweepKey, missing_layouts, recommendations
 
-KEY = dict(cluster="local", model="tiny", tp=1, cp=2, seq=256, runner="attention",
+KEY = dict(cluster="local", model="tiny", tp=1, pp=1, cp=2, seq=256, runner="attention",
            env_tag="default")
 
 

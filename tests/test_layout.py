@@ -171,3 +171,26 @@ def test_placement_says_which_level_crosses_nodes():
     assert not single.a2a_crosses_nodes and not single.p2p_crosses_nodes
     assert single.nodes == 1
     assert math.prod(Layout(2, 4).sizes) == 8
+
+
+def test_pipeline_stages_each_get_their_own_cp_groups_after_the_first_stage():
+    g = rank_groups(Layout(2, 2), tp=1, dp=1, pp=2, gpus_per_node=8)
+    assert g.cp == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert g.a2a == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert g.p2p == ((0, 2), (1, 3), (4, 6), (5, 7))
+    assert g.world_size == 8 and g.nodes == 1
+
+
+def test_the_bridge_128k_recipe_world_is_64_ranks_on_8_nodes_with_p2p_crossing():
+    g = rank_groups(Layout(2, 4), tp=4, dp=1, pp=2, gpus_per_node=8)
+    assert g.world_size == 64 and g.nodes == 8
+    assert (32, 36, 40, 44, 48, 52, 56, 60) in g.cp  # stage 1's first CP group
+    assert not g.a2a_crosses_nodes and g.p2p_crosses_nodes
+
+
+def test_stage_groups_are_stage_zeros_alone():
+    from hcp_tune.layout import Candidate
+
+    cand = Candidate(Layout(2, 2), tp=1, seq=4096, dp=1, kept=True, pp=2)
+    assert cand.stage_groups(8) == rank_groups(Layout(2, 2), tp=1, gpus_per_node=8)
+    assert cand.stage_groups(8).world_size == 4

@@ -82,7 +82,7 @@ def test_a_sweep_that_measured_nothing_exits_1_and_stored_failures_can_be_retrie
     header, table = csv_table(tmp_path / "results" / "trials.csv")
     assert [t["failure_class"] for t in table] == ["unknown", "unknown"]
     header, table = csv_table(tmp_path / "results" / "recommendations.csv")
-    assert header[:7] == ["cluster", "model", "tp", "cp", "seq", "runner", "env_tag"]
+    assert header[:8] == ["cluster", "model", "tp", "pp", "cp", "seq", "runner", "env_tag"]
     assert table == []
 
     # the same command again: nothing to run, and the message names the option

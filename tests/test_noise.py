@@ -27,7 +27,7 @@ def test_percentile_rejects_out_of_range_q():
 
 
 def _row(a2a, median, p10, p90):
-    return {"cluster": "c", "model": "m", "tp": 1, "cp": 2, "seq": 8, "runner": "attention",
+    return {"cluster": "c", "model": "m", "tp": 1, "pp": 1, "cp": 2, "seq": 8, "runner": "attention",
             "env_tag": "default", "a2a": a2a, "p2p": 2 // a2a,
             "comm_type": "a2a" if a2a == 2 else "p2p", "status": "ok", "verified": True,
             "median_s": median, "p10_s": p10, "p90_s": p90, "peak_mem_bytes": 0}

@@ -21,7 +21,8 @@ def run(*args, env=None):
 
 
 def test_predict_json_is_best_first_and_labelled():
-    r = run("predict", "cp=8", "seq=131072", "model=llama3-8b", "cluster=dgx-h100", "format=json")
+    r = run("predict", "cp=8", "seq=131072", "tp=1", "pp=1", "model=llama3-8b",
+            "cluster=dgx-h200", "format=json")  # 141 GiB: every tp=1 layout fits
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["label"] == "predicted (uncalibrated defaults)"
@@ -34,7 +35,9 @@ def test_predict_json_is_best_first_and_labelled():
     for c in rows:
         assert c["label"].startswith("predicted")
         b = c["breakdown_s"]
-        assert set(b) == {"compute_s", "exposed_a2a_s", "exposed_p2p_s", "other_s"}
+        assert set(b) == {"compute_s", "exposed_a2a_s", "exposed_p2p_s", "other_s",
+                          "recompute_s", "bubble_s", "pp_send_s"}
+        assert b["recompute_s"] == b["bubble_s"] == b["pp_send_s"] == 0  # pp=1, no recompute
         assert sum(b.values()) == pytest.approx(c["predicted_step_time_s"])
         t = c["terms_s"]  # the terms of compute, exposed a2a and exposed p2p
         assert sum(t.values()) == pytest.approx(b["compute_s"] + b["exposed_a2a_s"]
@@ -144,3 +147,26 @@ def test_explicit_runners_pass_through():
     assert predict.resolve_runner("model")[0] == "model"
     with pytest.raises(ConfigError, match="runner.name='gpu': expected one of auto, attention"):
         config.load(["runner.name=gpu"])
+
+
+def test_layouts_that_do_not_fit_are_never_ranked_and_the_smallest_fitting_change_is_named():
+    r = run("predict", "cp=8", "seq=131072", "tp=1", "pp=1", "model=llama3-8b",
+            "cluster=dgx-h100", "format=json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert all(not c["fits_memory"] and c["rank"] is None for c in out["candidates"])
+    (a,) = out["fit_advice"]
+    assert a["change"].startswith("recompute=full") and a["predicted_memory_gib"] <= 80
+    assert "model.recompute_granularity=full" in a["bridge_overrides"]
+    table = run("predict", "cp=8", "seq=131072", "tp=1", "pp=1", "cluster=dgx-h100")
+    assert "smallest change that fits: recompute=full" in " ".join(table.stdout.split())
+
+
+def test_the_readme_main_command_follows_the_bridge_recipe_and_fits():
+    r = run("predict", "cp=8", "seq=131072", "format=json")  # llama3-8b on dgx-h100
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert "llama3_8b_128k_pretrain_config" in out["notes"][0]
+    assert out["pp"] == 2 and {c["tp"] for c in out["candidates"]} == {4}
+    assert out["candidates"] and all(c["fits_memory"] for c in out["candidates"])
+    assert out["fit_advice"] == []

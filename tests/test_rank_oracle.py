@@ -20,11 +20,14 @@ from hcp_tune.layout import factorizations, rank_groups
 ORDER = inspect.signature(ps.initialize_model_parallel).parameters["order"].default
 COMBOS = [(tp, cp, dp) for tp in (1, 2, 4, 8) for cp in (1, 2, 3, 4, 6, 8, 12, 16)
           for dp in (1, 2, 3) if tp * cp * dp <= 256]
+# pipeline stages on top: each stage must get CP groups of its own, in Megatron-Core's order
+PP_COMBOS = [(tp, cp, dp, pp) for tp in (1, 2, 4) for cp in (2, 4, 8) for dp in (1, 2)
+             for pp in (2, 3, 4) if tp * cp * dp * pp <= 256]
 
 
-def megatron_groups(tp: int, cp: int, dp: int, sizes: list[int], monkeypatch):
-    """(cp groups, level-0 groups, level-1 groups) as Megatron-Core builds them, pp=1."""
-    gen = ps.RankGenerator(tp=tp, ep=1, dp=dp, pp=1, cp=cp, order=ORDER)
+def megatron_groups(tp: int, cp: int, dp: int, sizes: list[int], monkeypatch, pp: int = 1):
+    """(cp groups, level-0 groups, level-1 groups) as Megatron-Core builds them."""
+    gen = ps.RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=ORDER)
     made: list[tuple[str, tuple[int, ...]]] = []
 
     def record(ranks=None, group_desc=None, **_):
@@ -55,3 +58,17 @@ def test_planned_groups_equal_megatron_cores(tp, cp, dp, monkeypatch):
         assert sorted(got.a2a) == sorted(want_a2a), layout
         assert sorted(got.p2p) == sorted(want_p2p), layout
         assert got.world_size == tp * cp * dp
+
+
+@pytest.mark.parametrize("tp,cp,dp,pp", PP_COMBOS,
+                         ids=[f"tp{t}-cp{c}-dp{d}-pp{p}" for t, c, d, p in PP_COMBOS])
+def test_planned_groups_with_pipeline_stages_equal_megatron_cores(tp, cp, dp, pp, monkeypatch):
+    for layout in factorizations(cp):
+        want_cp, want_a2a, want_p2p = megatron_groups(tp, cp, dp, layout.sizes, monkeypatch, pp)
+        got = rank_groups(layout, tp=tp, dp=dp, pp=pp, gpus_per_node=8)
+        assert sorted(got.cp) == sorted(want_cp), layout
+        assert sorted(got.a2a) == sorted(want_a2a), layout
+        assert sorted(got.p2p) == sorted(want_p2p), layout
+        assert got.world_size == tp * cp * dp * pp
+        stage = tp * cp * dp  # every CP group lies inside one stage's consecutive ranks
+        assert all(len({r // stage for r in g}) == 1 for g in got.cp)

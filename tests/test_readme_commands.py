@@ -49,6 +49,9 @@ SEPARATORS = ("&&", "||", ";", "|")
 # imports torch and Megatron-Core (cp=4 in all three would start 34 of them instead of 14)
 SMALL = {"seq=2048": "seq=256", "seq=[2048,4096]": "seq=[256,512]", "cp=4": "cp=2"}
 FAST = ("runner.warmup_steps=1", "runner.measure_steps=2")
+# runner=bridge examples on the local profile (what they reach here: Bridge is absent)
+BRIDGE_LOCAL = {"cluster=dgx-h100": "cluster=local", "model=llama3-8b": "model=tiny",
+                "cp=8": "cp=2", "seq=65536": "seq=256", "executor=slurm": "executor=local"}
 
 FILES = {
     # a Bridge run config with a correct HCP setting (validate's file example)
@@ -136,6 +139,13 @@ def gpu_profile_sweep(r, cwd):
         assert "PREDICTED" in r.stdout
 
 
+def bridge_absent(r, cwd):
+    """runner=bridge on a machine without Bridge and TE: the documented environment stop."""
+    assert r.returncode == 1, f"exit {r.returncode}"
+    assert "stopped submitting after an environment failure" in r.stderr
+    assert "Megatron-Bridge (megatron.bridge) not importable" in r.stderr, r.stderr
+
+
 def regress_without_those_tags(r, cwd):
     """README: `regress baseline=te-2.9 candidate=te-2.10` in a folder where only the
     README's CPU sweep (env_tag=default) was measured: the documented bad-input exit."""
@@ -160,13 +170,17 @@ class Mapping:
     replace: dict[str, str] = field(default_factory=dict)  # README token -> token run
     extra: tuple[str, ...] = ()  # overrides appended
     needs_gpu_absent: bool = False  # the README documents its behaviour without a GPU
+    skip: str = ""  # why it cannot run here at all
 
 
 MAPPINGS = {
     "python -m hcp_tune sweep cp=8 seq=131072": Mapping(
         gpu_profile_sweep, needs_gpu_absent=True,
-        # GPU profile: the first trial fails before measuring; keep SLURM to one job array
-        extra=("executor.array_parallelism=1",)),
+        # GPU profile: the first trial fails before measuring; keep SLURM to one job array.
+        # tp=1 pp=1: the Bridge recipe's tp=4 would make one stage 32 ranks on 4 nodes, more
+        # than the one-node local cluster has; the README's predicted path (no SLURM) runs
+        # as typed and is checked in tests/test_predict_cli.py
+        extra=("executor.array_parallelism=1", "tp=1", "pp=1")),
     "python -m hcp_tune sweep cp=4 seq=[2048,4096] model=tiny cluster=local runner=attention "
     "executor=slurm": Mapping(measured_sweep, SMALL, (*FAST, "search.early_stop=false")),
     "python -m hcp_tune recommend cluster=local model=tiny cp=4 seq=2048": Mapping(
@@ -177,6 +191,23 @@ MAPPINGS = {
     "python -m hcp_tune regress baseline=te-2.9 candidate=te-2.10": Mapping(
         regress_without_those_tags),
     "python -m hcp_tune report": Mapping(report_page),
+    # runner=bridge without Bridge and TE: the job's first check stops the sweep (exit 1)
+    "python -m hcp_tune sweep runner=bridge cluster=dgx-h100 model=llama3-8b cp=8 seq=65536 "
+    "executor=slurm": Mapping(bridge_absent, BRIDGE_LOCAL),
+    "python -m hcp_tune sweep runner=bridge runner.recipe=llama3_8b_pretrain_config cp=8 "
+    "seq=65536 runner.overrides=[\"model.recompute_granularity=full\","
+    "\"model.recompute_method=uniform\",\"model.recompute_num_layers=1\"]": Mapping(
+        bridge_absent, BRIDGE_LOCAL, ("cluster=local", "model=tiny", "executor=local")),
+    "python -m hcp_tune sweep runner=attention+bridge runner.top_k=2 cluster=dgx-h100 "
+    "model=llama3-8b cp=8 seq=65536": Mapping(
+        bridge_absent, BRIDGE_LOCAL, (*FAST, "executor=local")),
+    "python -m hcp_tune sweep runner=bridge cluster=dgx-h100 model=llama3-8b cp=8 seq=65536 "
+    "executor=slurm executor.partition=batch executor.time_limit_min=60 executor.exclusive=true "
+    "executor.container_image=nvcr.io/nvidia/nemo:25.11 executor.container_mounts=["
+    "/lustre/me/hcp-job:/lustre/me/hcp-job,/lustre/me/results:/lustre/me/results] "
+    "executor.setup=[\"export PYTHONPATH=/lustre/me/hcp-job:$PYTHONPATH\"] "
+    "executor.python=python results_dir=/lustre/me/results": Mapping(
+        bridge_absent, skip="needs a SLURM cluster with pyxis, the Bridge container and /lustre"),
 }
 
 
@@ -192,6 +223,8 @@ def plan_for(command: tuple[str, ...]) -> Planned:
     text = text_of(command)
     mapping = MAPPINGS.get(text)
     if mapping is not None:
+        if mapping.skip:
+            return Planned(command, mapping.expect, skip=mapping.skip)
         if mapping.needs_gpu_absent and shutil.which("nvidia-smi"):
             return Planned(command, mapping.expect, skip="it would measure on this GPU")
         args = tuple(mapping.replace.get(a, a) for a in command) + mapping.extra

@@ -310,3 +310,15 @@ def test_a_missing_field_and_none_are_the_same_fingerprint():
     rows = rows_for("old", 2, 2, BASE[:2]) + rows_for("old", 2, 2, BASE[2:], fp=old_job) + (
         rows_for("new", 2, 2, BASE))
     assert compare(rows, OPTS).warnings == []
+
+
+def test_keys_differing_only_in_pp_are_never_compared_and_old_rows_are_pp_1():
+    from hcp_tune.regress import key_text, row_key
+
+    assert row_key({"cluster": "c", "model": "m", "tp": 1, "cp": 4, "seq": 8, "runner": "a"}) \
+        == ("c", "m", 1, 1, 4, 8, "a")
+    assert row_key({"cluster": "c", "model": "m", "tp": 1, "pp": 2, "cp": 4, "seq": 8,
+                    "runner": "a"}) == ("c", "m", 1, 2, 4, 8, "a")
+    assert key_text(("c", "m", 1, 1, 4, 8, "a")) == "cluster=c model=m tp=1 cp=4 seq=8 runner=a"
+    assert key_text(("c", "m", 1, 2, 4, 8, "a")) == \
+        "cluster=c model=m tp=1 pp=2 cp=4 seq=8 runner=a"

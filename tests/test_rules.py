@@ -28,7 +28,8 @@ def test_readme_states_the_size_ranges_the_loader_enforces():
 
 def test_layout_rules_are_the_ones_plan_checks():
     assert {r.id for r in LAYOUT_RULES} == {"seq-divisible", "heads-tp", "heads-a2a",
-                                            "heads-even-a2a", "a2a-cross-node"}
+                                            "heads-even-a2a", "a2a-cross-node", "layers-pp",
+                                            "pp-stage-placement"}
 
 
 def test_findings_come_errors_first_with_the_rule_text():

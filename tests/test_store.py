@@ -110,3 +110,17 @@ def test_two_sweeps_writing_one_folder_corrupt_nothing(tmp_path):
     assert len(trials) == 30
     recs = pd.read_csv(tmp_path / "recommendations.csv")
     assert sorted(recs["seq"]) == [2048, 4096]
+
+
+def test_a_measured_best_that_would_not_fit_is_never_recommended():
+    from hcp_tune.recommend import unfit_reason
+
+    rec = {"a2a": 2, "p2p": 4, "peak_mem_bytes": 90 * 1024**3}
+    assert unfit_reason(rec, [], 80) == "[2,4] measured 90.0 GiB peak > 80 GiB per GPU"
+    rec["peak_mem_bytes"] = 10 * 1024**3
+    assert unfit_reason(rec, [], 80) is None
+    pred = [{"a2a": 2, "p2p": 4, "fits_memory": False, "predicted_memory_gib": 132.5}]
+    assert unfit_reason(rec, pred, 80) == (
+        "[2,4] is predicted to need 132.5 GiB per GPU in training > 80 GiB")
+    pred[0]["fits_memory"] = True
+    assert unfit_reason(rec, pred, 80) is None

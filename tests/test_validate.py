@@ -84,6 +84,13 @@ BOTH_WAYS = [
      ["model.context_parallel_size=16", "model.num_attention_heads=64", "model.num_query_groups=16",
       "model.hierarchical_context_parallel_sizes=[8,2]"], {"cluster": H100}),
     ("decentralized-pg", ["dist.use_decentralized_pg=true"], ["dist.use_decentralized_pg=false"], {}),
+    ("layers-pp", ["model.num_layers=32", "model.pipeline_model_parallel_size=3"],
+     ["model.num_layers=32", "model.pipeline_model_parallel_size=4"], {}),
+    ("pp-stage-placement", ["model.pipeline_model_parallel_size=2", "model.context_parallel_size=6",
+                            "model.hierarchical_context_parallel_sizes=[2,3]",
+                            "model.tensor_model_parallel_size=2", "model.seq_length=12288"],
+     ["model.pipeline_model_parallel_size=2", "model.tensor_model_parallel_size=2"],
+     {"cluster": H100}),
     ("te-version", [], [], {"te_version": "1.11.0", "te_old": "1.12.0"}),
     ("te-thd", ["model.qkv_format=thd"], ["model.qkv_format=thd"], {"te_version": "2.18.1", "te_old": "2.19.0"}),
     ("te-thd", ["dataset.offline_packing_specs.packed_sequence_size=8192"],
@@ -341,3 +348,45 @@ def test_config_file_errors(tmp_path):
     (tmp_path / "broken.yaml").write_text("model: [1, 2\n")
     with pytest.raises(InputFileError, match="not valid YAML at line"):
         read_config_file(str(tmp_path / "broken.yaml"))
+
+
+def _pp_findings(**model):
+    from hcp_tune.validate import check
+
+    tree = {"model": {"context_parallel_size": 8, "cp_comm_type": "a2a+p2p",
+                      "hierarchical_context_parallel_sizes": [2, 4], "seq_length": 131072,
+                      "num_attention_heads": 32, "num_query_groups": 8, "num_layers": 32,
+                      "tensor_model_parallel_size": 4, **model}}
+    return {f.rule: f for f in check(tree, te_version="2.9.0")}
+
+
+def test_layers_not_divisible_by_pp_is_an_error_with_the_largest_dividing_pp():
+    found = _pp_findings(pipeline_model_parallel_size=3)["layers-pp"]
+    assert found.severity == "error"
+    assert found.found.startswith("num_layers 32 is not divisible by "
+                                  "pipeline_model_parallel_size 3 (32 % 3 = 2)")
+    assert found.fix == "model.pipeline_model_parallel_size=2"
+    assert "layers-pp" not in _pp_findings(pipeline_model_parallel_size=2)
+    assert "layers-pp" not in _pp_findings(pipeline_model_parallel_size=3,
+                                           account_for_loss_in_pipeline_split=True)
+
+
+def test_pp_stage_placement_is_flagged_when_tp_cp_blocks_straddle_nodes():
+    from hcp_tune.rules import Facts, evaluate, BY_ID
+
+    rule = (BY_ID["pp-stage-placement"],)
+    bad = Facts(cp=6, tp=2, pp=2, gpus_per_node=8)  # blocks of 12 ranks on 8-GPU nodes
+    (f,) = evaluate(bad, rule)
+    assert f.severity == "warning" and "tp*cp = 2*6 = 12" in f.found
+    assert evaluate(Facts(cp=8, tp=4, pp=2, gpus_per_node=8), rule) == []  # 32: 4 nodes
+    assert evaluate(Facts(cp=2, tp=2, pp=2, gpus_per_node=8), rule) == []  # 4 divides 8
+    assert evaluate(Facts(cp=6, tp=2, pp=1, gpus_per_node=8), rule) == []  # one stage
+
+
+def test_plan_rejects_every_layout_when_pp_does_not_divide_the_layers():
+    from hcp_tune import config, plan
+
+    cfg = config.load(["cp=4", "seq=65536", "tp=1", "pp=3", "model=llama3-8b"])
+    cands = plan.candidates(cfg)
+    assert cands and not any(c.kept for c in cands)
+    assert all("[layers-pp]" in c.reasons[0] for c in cands)

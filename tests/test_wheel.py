@@ -99,10 +99,12 @@ def test_installed_wheel_imports_from_site_packages_without_torch(installed, tmp
 
 def test_plan_runs_from_an_unrelated_folder(installed, tmp_path):
     py, env = installed
-    r = _run([py, "-m", "hcp_tune", "plan", "cp=8", "seq=131072"], cwd=tmp_path, env=env)
+    # tp=1 pp=1: every split of cp=8 is kept (the Bridge recipe's tp=4 keeps two of them)
+    r = _run([py, "-m", "hcp_tune", "plan", "cp=8", "seq=131072", "tp=1", "pp=1"], cwd=tmp_path,
+             env=env)
     assert "model=llama3-8b cluster=dgx-h100 cp=8" in r.stdout
     assert all(s in r.stdout for s in SPLITS), r.stdout
-    r = _run([py.parent / "hcp-tune", "plan", "cp=8", "seq=131072", "format=json"],
+    r = _run([py.parent / "hcp-tune", "plan", "cp=8", "seq=131072", "tp=1", "pp=1", "format=json"],
              cwd=tmp_path, env=env)
     got = {tuple(c["sizes"]): c["kept"] for c in json.loads(r.stdout)["candidates"]}
     assert got == {(1, 8): True, (2, 4): True, (4, 2): True, (8, 1): True}
@@ -110,7 +112,7 @@ def test_plan_runs_from_an_unrelated_folder(installed, tmp_path):
 
 def test_model_sweep_runs_from_an_unrelated_folder(installed, tmp_path):
     py, env = installed
-    r = _run([py, "-m", "hcp_tune", "sweep", "runner=model", "cp=8", "seq=131072"],
+    r = _run([py, "-m", "hcp_tune", "sweep", "runner=model", "cp=8", "seq=131072", "tp=1", "pp=1"],
              cwd=tmp_path, env=env)
     assert "PREDICTED" in r.stdout and all(s in r.stdout for s in SPLITS), r.stdout
 
