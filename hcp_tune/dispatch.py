@@ -249,6 +249,12 @@ def cancel(handles: Sequence[JobHandle]) -> None:
 
 
 _PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
+# Pending reasons under which SLURM will never start the job as submitted: it asks for more
+# than its partition has (nodes, GPUs, time) or names what does not exist. Waiting on them
+# would hang the sweep; the job is cancelled and its trials fail as an environment problem.
+NEVER_STARTS = {"PartitionConfig", "BadConstraints", "PartitionTimeLimit", "InvalidAccount",
+                "InvalidQOS"}
+UNSCHEDULABLE = "UNSCHEDULABLE"  # scheduler_state of a job with one of those reasons
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED", "UNREACHABLE"}
 
 
@@ -260,14 +266,18 @@ def _scheduler_states(ids: Sequence[str]) -> dict[str, str]:
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode == 0:
             for line in out.stdout.splitlines():
-                jid, _, state = line.strip().partition("|")
+                jid, _, rest = line.strip().partition("|")
+                state, _, reason = rest.partition("|")
                 if jid in ids and state:
-                    states.setdefault(jid, state.split()[0])
+                    state = state.split()[0]
+                    if state == "PENDING" and reason.strip() in NEVER_STARTS:
+                        state = f"{UNSCHEDULABLE} {reason.strip()}"
+                    states.setdefault(jid, state)
         elif cmd[0] == "squeue" and "invalid job id" not in out.stderr.lower() and len(some) == 1:
             states.setdefault(some[0], "UNREACHABLE")  # controller did not answer: not an ending
 
     def ask_squeue(some: Sequence[str]) -> None:
-        ask(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(some)], some)
+        ask(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r", "-j", ",".join(some)], some)
 
     ask_squeue(ids)
     if len(states) < len(ids) and len(ids) > 1:  # squeue fails whole when one id was purged
@@ -327,7 +337,17 @@ def poll_all(handles: Sequence[JobHandle]) -> list[JobOutcome]:
             continue
         state = sched.get(h.job_id, "UNKNOWN") if h.executor == "slurm" else _local_state(h)
         out, err = job_paths(h)
-        if state in _PENDING:
+        if state.startswith(UNSCHEDULABLE):
+            reason = state.split()[-1]
+            subprocess.run(["scancel", h.job_id], capture_output=True, check=False)
+            msg = (f"SLURM will never start job {h.job_id} as submitted (pending, "
+                   f"reason {reason}: it asks for more nodes, GPUs or time than the partition "
+                   "has, or names an account/QOS/constraint that does not exist); cancelled it. "
+                   "Check the cluster profile (gpus_per_node) and executor.partition/"
+                   "time_limit_min, or give tp=/pp= for a smaller world")
+            outcomes.append(JobOutcome(state=JobState.FAILED, error=msg, scheduler_state=state,
+                                       stdout=out, stderr=err))
+        elif state in _PENDING:
             outcomes.append(JobOutcome(state=JobState.PENDING, scheduler_state=state, stdout=out, stderr=err))
         elif state in _RUNNING:
             outcomes.append(JobOutcome(state=JobState.RUNNING, scheduler_state=state, stdout=out, stderr=err))

@@ -165,7 +165,9 @@ def failed_from_job(spec: TrialSpec, outcome: dispatch.JobOutcome) -> TrialResul
         return res
     # SLURM's own verdicts first; otherwise the error text, read as the job side reads it
     cls = {"TIMEOUT": FailureClass.TIME_LIMIT, "OUT_OF_MEMORY": FailureClass.OOM}.get(
-        (outcome.scheduler_state or "").upper()) or classify_error_text(outcome.error or "")
+        sched) or classify_error_text(outcome.error or "")
+    if sched.startswith(dispatch.UNSCHEDULABLE):  # no trial of this shape can ever start here
+        cls = FailureClass.ENVIRONMENT
     res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, failure_class=cls,
                       error=outcome.error or f"job ended: {outcome.scheduler_state or 'unknown'}")
     res.log_path = str(outcome.stderr) if outcome.stderr else None

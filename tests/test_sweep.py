@@ -208,3 +208,18 @@ def test_recommend_without_measurements_offers_a_labelled_prediction(tmp_path):
     r = hcp("recommend", "cluster=dgx-h100", "model=llama3-8b", "cp=8", "seq=131072",
             f"results_dir={tmp_path}")
     assert "PREDICTED, not measured" in r.stdout
+
+
+@pytest.mark.slurm
+def test_a_job_slurm_can_never_start_fails_at_once_and_is_cancelled(slurm_cluster, tmp_path):
+    """cp=8 tp=4 on dgx-h100 needs 4 nodes of 8 GPUs; the local cluster has one node, so
+    SLURM keeps the job pending (reason PartitionConfig) forever. The sweep must not wait:
+    the trial fails as an environment problem naming the reason, and the job is cancelled."""
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=8", "seq=131072", "tp=4", "pp=1", "cluster=dgx-h100",
+            "runner=attention", "executor=slurm", f"results_dir={res}", timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "SLURM will never start job" in r.stdout and "PartitionConfig" in r.stdout
+    got = rows(res)
+    assert got and {(x["status"], x["failure_class"]) for x in got} == {("failed", "environment")}
+    assert not ({x["job_id"] for x in got} & squeue_ids())
