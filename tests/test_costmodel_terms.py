@@ -9,19 +9,13 @@ from hcp_tune import config
 from hcp_tune.costmodel import CostParams, predict, predict_attention_layer
 from hcp_tune.errors import ConfigError
 from hcp_tune.flops import causal_attention_flops
-from hcp_tune.layout import Candidate, Layout, rank_groups
+from test_costmodel import cand  # one candidate builder for both cost-model test files
 
 
 @functools.lru_cache(maxsize=None)
 def profiles(cluster="dgx-h100", model="llama2-7b"):
     cfg = config.load([f"cluster={cluster}", f"model={model}"])
     return cfg.model, cfg.cluster
-
-
-def cand(a2a, p2p, *, seq, tp=1, gpus_per_node=8):
-    layout = Layout(a2a, p2p)
-    groups = rank_groups(layout, tp=tp, dp=1, gpus_per_node=gpus_per_node)
-    return Candidate(layout, tp, seq, 1, True, groups=groups)
 
 
 SPLITS8 = [(1, 8), (2, 4), (4, 2), (8, 1)]
