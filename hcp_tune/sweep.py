@@ -471,10 +471,11 @@ class Sweeper:
                 fn, *args = self._args(b)
                 handles.append(dispatch.submit(self._executor(b[0], len(b)), fn, *args))
         for members, handle in zip(batches, handles):
+            # tracked first: a Ctrl-C between here and the ledger write still cancels the job
+            self.running.append(Running(members, handle))
             for m in members:
                 m.study.submitted(m.number, handle.job_id, handle.executor, str(handle.folder))
                 self.reporter.trial(m.spec, "submitted", f"job {handle.job_id}")
-            self.running.append(Running(members, handle))
 
     # ---------------------------------------------------------------- collection
     def record(self, run: Running, member: Member, result: TrialResult) -> None:
