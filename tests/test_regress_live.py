@@ -9,8 +9,10 @@ executor=local search.repeats=3`` with the knob in its environment (so the knob 
 the job through the executor and the fingerprint through the store). The baseline's 6
 trials run interleaved ([1,2], [2,1], [1,2], ...) in one set of local processes
 (``launch.run_local_batch``, the launcher the local executor runs) to keep the test near
-a minute on a shared 2-core machine. The threshold is 100%: what the test proves is which
-layouts the injected delay reaches, not the CPU's run-to-run noise.
+a minute on a shared 2-core machine. The threshold is 900% (flag only a 10x change): the
+delay makes a ring step some 40x slower, while a few-millisecond CPU step measured in a
+fresh job can be 3x slower than in warm shared processes (seen in CI under load). What the
+test proves is which layouts the injected delay reaches, not the CPU's run-to-run noise.
 """
 import json
 import os
@@ -67,17 +69,17 @@ def test_injected_p2p_delay_is_flagged_on_ring_layouts_only(tmp_path, monkeypatc
     assert all("settings" in json.loads(r["fingerprint"]) for r in rows)
 
     rep = regress.compare(rows, regress.Options(baseline="base", candidate="slow",
-                                                threshold=1.0))
+                                                threshold=9.0))
     verdicts = {c.layout: c.verdict for c in rep.comparisons}
     assert verdicts == {"[1,2]": "regression", "[2,1]": "ok"}, [
         (c.layout, c.base_s, c.cand_s) for c in rep.comparisons]
     ring = next(c for c in rep.comparisons if c.layout == "[1,2]")
-    assert ring.ci[0] > 2.0  # the whole interval is far past the 100% threshold
+    assert ring.ci[0] > 10.0  # the whole interval is past the 900% threshold
     assert any("HCP_TUNE_INJECT_DELAY=p2p:0.05" in w for w in rep.warnings)
 
     cli = subprocess.run(
         [sys.executable, "-m", "hcp_tune", "regress", "baseline=base", "candidate=slow",
-         "threshold=1.0", f"results_dir={results}"], capture_output=True, text=True,
+         "threshold=9.0", f"results_dir={results}"], capture_output=True, text=True,
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert cli.returncode == 1, cli.stdout + cli.stderr
     assert "1 of 2 key/layout(s) flagged" in cli.stdout
