@@ -146,16 +146,15 @@ def cmd_sweep(args: list[str]) -> int:
     if cfg.search.order_by_prediction:
         order = {(c.tp, c.seq, c.layout.a2a): p.step_time_s for c, p in ordered}
     skips = predict.skip_slower_than(ordered, cfg.search.skip_predicted_slower_than)
-    from hcp_tune import cost
-
-    costs = cost.costs_by_layout(cfg, ordered)
     if runner == "attention+bridge":  # attention over every layout, Bridge over the best k
         from hcp_tune import twostage
 
         summary = twostage.run(cfg, ui.SweepReporter(), order=order, skips=skips)
     else:
+        from hcp_tune import cost
+
         summary = sweep.Sweeper(cfg, ui.SweepReporter(), order=order, skips=skips,
-                                costs=costs).run()
+                                costs=cost.costs_by_layout(cfg, ordered)).run()
     done = ", ".join(f"{v} {k}" for k, v in sorted(summary.by_status.items())) or "nothing new"
     print(f"sweep: stored {summary.stored} trial(s) ({done}); results in {cfg.results_dir}/")
     if summary.aborted:
