@@ -356,13 +356,20 @@ class Sweeper:
                                     for a2a, n in retried.items())
         return done
 
-    def _store_skipped(self, key: SweepKey, cand: Candidate, skip: dict[str, Any]) -> None:
+    def _store_skipped(self, key: SweepKey, cand: Candidate, skip: dict[str, Any],
+                       study: Any = None) -> None:
+        """A layout the cost model says not to measure: its row file, and a PRUNED trial
+        with status ``skipped`` in the key's study (``study``, or the key's study opened
+        here; then its a2a is an attribute, not a parameter)."""
+        from hcp_tune import tuner
+
         trial_id = f"{key.slug}-skip-a{cand.layout.a2a}"
         spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
         result = TrialResult(trial_id=trial_id, status=Status.SKIPPED, error=skip["reason"])
         row = trial_row(key, spec, result,
                         predicted_step_s=skip["predicted"]["step_time_s"])
         self.store.add(row, key)
+        (study or tuner.LayoutStudy(self.storage, key.name, [])).add_row(row)
         self.summary.by_status["skipped"] = self.summary.by_status.get("skipped", 0) + 1
         self.reporter.trial(spec, "skipped", skip["reason"])
 
@@ -484,9 +491,9 @@ class Sweeper:
         if not result.log_path:
             result.log_path = str(dispatch.job_paths(run.handle)[1])
         row = trial_row(member.key, member.spec, result)
-        self.store.add(row, member.key)
+        self.store.add(row, member.key)  # the view first: a rebuild imports it if we die now
         values = (result.median_s, float(result.peak_mem_bytes or 0)) if result.median_s else None
-        member.study.tell(member.number, result.status, values)
+        member.study.tell(member.number, result.status, values, row=row)
         self._note_best(member.key, row)
         self.summary.stored += 1
         if result.failure_class is FailureClass.ENVIRONMENT and self.queue:
@@ -623,10 +630,10 @@ class Sweeper:
                     time.sleep(POLL_INTERVAL_S)  # orchestrator's polling cadence
         except KeyboardInterrupt:
             self.cancel_all()
-            self.store.rebuild()
+            self.store.rebuild(self.storage)
             raise
         finally:
             self.reporter.stop()
-        self.store.rebuild()
+        self.store.rebuild(self.storage)  # row files and tables, as views of the studies
         self.summary.recommendations = self.store.recommendations()
         return self.summary

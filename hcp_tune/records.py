@@ -1,0 +1,204 @@
+"""Typed records from the job's result to the tables: a trial row, a recommendation, and the
+verification evidence a row's ``verified`` is judged from. Standard library only.
+
+Each record carries a schema version. ``from_dict`` reads its own version and older ones
+(missing fields take their defaults) and refuses a newer one with ``ResultsTooNew``, whose
+message says what to do. ``to_dict`` is the flat dict the tables and every reader use; a
+trial row's extra fields (a skipped layout's ``predicted_step_s``) follow its columns.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+from hcp_tune.errors import HcpError
+
+KEY_FIELDS = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "env_tag")
+# Rows written before the version existed have none and read as version 1.
+ROW_SCHEMA = 1
+RECOMMENDATION_SCHEMA = 1
+VERIFICATION_SCHEMA = 1
+
+
+class ResultsTooNew(HcpError):
+    """The results folder holds records of a newer schema than this version reads."""
+
+
+def _check_version(d: dict[str, Any], newest: int, what: str, where: str) -> int:
+    version = d.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool):
+        version = 1  # a CSV cell read back as float or null: written by this version or older
+    if version > newest:
+        raise ResultsTooNew(
+            f"{where + ': ' if where else ''}{what} schema {version} > {newest}, the newest "
+            "this hcp-tune reads: it was written by a newer hcp-tune; upgrade hcp-tune, or "
+            "use another results_dir")
+    return version
+
+
+def _split(cls: type, d: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    names = {f.name for f in fields(cls)} - {"extra"}
+    return ({k: v for k, v in d.items() if k in names},
+            {k: v for k, v in d.items() if k not in names})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRow:
+    """One finished (or skipped) trial: its key, layout, status and measured statistics.
+    The field order is the order of trials.csv's columns."""
+
+    cluster: str
+    model: str
+    tp: int
+    pp: int = 1  # rows stored before pp joined the key have none
+    cp: int
+    seq: int
+    runner: str
+    env_tag: str
+    trial_id: str
+    a2a: int
+    p2p: int
+    comm_type: str = ""
+    status: str
+    failure_class: str = ""
+    error: str = ""
+    median_s: Optional[float] = None
+    p10_s: Optional[float] = None
+    p90_s: Optional[float] = None
+    steps: int = 0
+    step_times_s: str = "[]"  # JSON list of seconds, one per measured step
+    peak_mem_bytes: Optional[int] = None
+    tflops_per_gpu: Optional[float] = None
+    wall_s: Optional[float] = None
+    mem_note: str = ""
+    backend: str = ""
+    te_backend: str = ""  # the kernel TE selected ("" on the torch reference)
+    qkv_format: str = ""
+    notes: str = ""
+    verified: bool = False
+    fingerprint: str = "{}"  # JSON object: versions, GPU, driver, hosts
+    job_id: str = ""
+    log_path: str = ""
+    # rank 0's seconds per phase (start, groups, proof, warmup, measure)
+    phases_s: str = "{}"
+    schema_version: int = ROW_SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "") -> "TrialRow":
+        """Raises ``ResultsTooNew`` for a newer row, ``TypeError`` when a key field, the
+        trial id, the layout or the status is missing (not a row)."""
+        _check_version(d, ROW_SCHEMA, "row", where)
+        known, extra = _split(cls, d)
+        return cls(**{**known, "schema_version": ROW_SCHEMA}, extra=extra)
+
+    @property
+    def text(self) -> str:
+        """The row as stored: one JSON object (the row file and the study hold the same)."""
+        return row_text(self.to_dict())
+
+
+def row_text(row: dict[str, Any]) -> str:
+    return json.dumps(row, default=str)
+
+
+TRIAL_COLUMNS = tuple(f.name for f in fields(TrialRow) if f.name != "extra")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    """Per sweep key, the best layout and what it beat. The field order is the order of
+    recommendations.csv's columns."""
+
+    cluster: str
+    model: str
+    tp: int
+    pp: int = 1  # tables written before pp joined the key have none
+    cp: int
+    seq: int
+    runner: str
+    env_tag: str
+    a2a: int
+    p2p: int
+    comm_type: str
+    median_s: float
+    peak_mem_bytes: Optional[int] = None
+    runner_up: str = ""  # "[a2a,p2p]" of the second fastest layout
+    runner_up_median_s: Optional[float] = None
+    margin: Optional[float] = None  # runner-up median / best median - 1
+    tie: bool = False  # the margin is within the two layouts' noise
+    speedup_vs_p2p: Optional[float] = None
+    speedup_vs_a2a: Optional[float] = None
+    trials: int = 0
+    ok_trials: int = 0
+    incomplete: bool = False
+    missing: str = ""  # "[2,2] cancelled; ..."
+    # the layouts on the study's (step time, peak memory) Pareto front: "[1,4] [2,2]"
+    pareto: str = ""
+    schema_version: int = RECOMMENDATION_SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "") -> "Recommendation":
+        _check_version(d, RECOMMENDATION_SCHEMA, "recommendation", where)
+        known, _ = _split(cls, d)
+        if known.get("pp") is None:
+            known["pp"] = 1
+        if known.get("pareto") is None:
+            known["pareto"] = ""
+        return cls(**{**known, "schema_version": RECOMMENDATION_SCHEMA})
+
+
+RECOMMENDATION_COLUMNS = tuple(f.name for f in fields(Recommendation))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verification:
+    """What proves a trial ran with CP active, read from ``TrialResult.verification``.
+
+    Attention runner: its groups matched the plan and its output and gradients matched
+    single-process attention (hcp-facts.md section 4). Bridge runner: every TE attention
+    module held the planned groups at train start (job/bridge_verify.py: ``cp_active``).
+    """
+
+    kind: str  # "attention" or "bridge"
+    groups_match: bool = False
+    numerics_passed: bool = False
+    cp_active_checked: bool = False
+    cp_active_problems: tuple[str, ...] = ()
+    schema_version: int = VERIFICATION_SCHEMA
+
+    @property
+    def verified(self) -> bool:
+        if self.kind == "bridge":
+            return self.cp_active_checked and not self.cp_active_problems
+        return self.groups_match and self.numerics_passed
+
+    def to_dict(self) -> dict[str, Any]:
+        """The evidence's shape, reduced to what the verdict reads."""
+        if self.kind == "bridge":
+            body: dict[str, Any] = {"cp_active": {"checked": self.cp_active_checked,
+                                                  "problems": list(self.cp_active_problems)}}
+        else:
+            body = {"groups": {"match": self.groups_match},
+                    "numerics": {"passed": self.numerics_passed}}
+        return {**body, "schema_version": self.schema_version}
+
+    @classmethod
+    def from_dict(cls, evidence: dict[str, Any], where: str = "") -> "Verification":
+        _check_version(evidence, VERIFICATION_SCHEMA, "verification", where)
+        if "cp_active" in evidence:
+            cp = evidence["cp_active"] or {}
+            problems = cp.get("problems") or ()
+            return cls(kind="bridge", cp_active_checked=bool(cp.get("checked")),
+                       cp_active_problems=tuple(str(p) for p in problems))
+        return cls(kind="attention",
+                   groups_match=bool((evidence.get("groups") or {}).get("match")),
+                   numerics_passed=bool((evidence.get("numerics") or {}).get("passed")))
