@@ -14,6 +14,7 @@ which. The row files and tables under ``results/`` are views rebuilt from it
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -33,7 +34,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # storage keeps a user attribute's JSON in a TEXT column, 65,535 bytes on MySQL, and JSON
 # escaping at most doubles ASCII text. A long error or step list spans several parts.
 ROW_PART_CHARS = 16_000
-ERROR_ATTR_CHARS = 200  # the error's first line, shown as its own attribute
+ERROR_ATTR_CHARS = 200
+METRIC_NAMES = ("median_step_s", "peak_mem_bytes")  # a trial's two values  # the error's first line, shown as its own attribute
 
 
 def open_storage(url_or_path: Any) -> Any:
@@ -105,6 +107,10 @@ class LayoutStudy:
             storage=storage, study_name=name, directions=["minimize", "minimize"],
             load_if_exists=True,
         )
+        if self.study.metric_names is None:  # what optuna-dashboard labels the values with
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self.study.set_metric_names(list(METRIC_NAMES))
         self._live: dict[int, optuna.Trial] = {}
 
     def outstanding(self, stored_ids: set[str]) -> list[Outstanding]:
