@@ -14,6 +14,7 @@ which. The row files and tables under ``results/`` are views rebuilt from it
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,9 @@ def state_of(row: dict[str, Any]) -> tuple[TrialState, Optional[list[float]]]:
     """ok (with a median) -> COMPLETE with (median step s, peak memory bytes); pruned and
     skipped (stopped early, or never started: predicted too slow) -> PRUNED; the rest
     (failed, invalid, cancelled) -> FAIL."""
-    if row["status"] == Status.OK.value and row.get("median_s") is not None:
+    median = row.get("median_s")
+    if row["status"] == Status.OK.value and isinstance(median, (int, float)) \
+            and math.isfinite(median):
         return TrialState.COMPLETE, [float(row["median_s"]), float(row.get("peak_mem_bytes") or 0)]
     if row["status"] in (Status.PRUNED.value, Status.SKIPPED.value):
         return TrialState.PRUNED, None
@@ -206,21 +209,19 @@ class LayoutStudy:
 
     def pareto_a2a(self) -> set[int]:
         """a2a sizes on the (step time, memory) Pareto front of the completed trials."""
-        return {layout[0] for layout in pareto_layouts(self.study)}
+        return {int(t.params["a2a"]) for t in self.study.best_trials if "a2a" in t.params}
 
 
 def pareto_layouts(study: optuna.Study) -> list[tuple[int, int]]:
-    """``[a2a, p2p]`` layouts on the study's (step time, peak memory) Pareto front
-    (``study.best_trials``), by a2a; trials told before rows rode on them (no ``layout``
-    attribute) are read from their ``a2a`` parameter with p2p unknown (0)."""
+    """``(a2a, p2p)`` layouts on the study's (step time, peak memory) Pareto front
+    (``study.best_trials``), by a2a. Only trials holding a row count: a trial told before
+    rows rode on trials has an imported twin with the same values."""
     out = set()
     for t in study.best_trials:
-        layout = t.user_attrs.get("layout")
+        layout = t.user_attrs.get("layout") if row_text_of(t) is not None else None
         if isinstance(layout, str):
             a2a, p2p = json.loads(layout)
             out.add((int(a2a), int(p2p)))
-        elif "a2a" in t.params:
-            out.add((int(t.params["a2a"]), 0))
     return sorted(out)
 
 
@@ -251,8 +252,7 @@ class Ledger:
         """The study's Pareto front as ``"[1,4] [2,2]"`` ("" without such a study)."""
         if name not in self.names():
             return ""
-        return " ".join(f"[{a},{p}]" if p else f"[{a},?]"
-                        for a, p in pareto_layouts(self.study(name)))
+        return " ".join(f"[{a},{p}]" for a, p in pareto_layouts(self.study(name)))
 
     def import_rows(self, name: str, rows: list[dict[str, Any]]) -> int:
         """Put rows the study lacks into it (a results folder written before the study was

@@ -218,3 +218,20 @@ def test_optuna_sees_a_plain_study_per_key(tmp_path):
     told({"url": url}, KEY, [make_row(2, 1.0)])
     names = optuna.get_all_study_names(open_storage(url))
     assert names == [KEY.name]
+
+
+def test_an_older_folder_with_its_job_id_journal_is_imported_without_doubling_the_front(tmp_path):
+    """The previous version told the study only states and values, beside the row files."""
+    root = tmp_path / "res"
+    study = LayoutStudy(open_storage(str(root / "optuna.journal")), KEY.name, [1, 2, 4])
+    for r in (make_row(1, 2.0, mem=100), make_row(2, 1.0, mem=500), make_row(4, 3.0, mem=600)):
+        number, r["trial_id"], _ = study.ask(r["a2a"], KEY.slug)
+        study.submitted(number, "7", "local", "/jobs")
+        ResultStore(root).add(r, KEY)
+        study.tell(number, Status.OK, (r["median_s"], float(r["peak_mem_bytes"])))
+    for _ in range(2):
+        ResultStore(root).rebuild()
+    trials = Ledger(root / "optuna.journal").study(KEY.name).get_trials()
+    assert len(trials) == 6 and sum(bool(t.user_attrs.get("imported")) for t in trials) == 3
+    (rec,) = ResultStore(root).recommendations()
+    assert rec["pareto"] == "[1,4] [2,2]"
