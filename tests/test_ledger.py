@@ -235,3 +235,20 @@ def test_an_older_folder_with_its_job_id_journal_is_imported_without_doubling_th
     assert len(trials) == 6 and sum(bool(t.user_attrs.get("imported")) for t in trials) == 3
     (rec,) = ResultStore(root).recommendations()
     assert rec["pareto"] == "[1,4] [2,2]"
+
+
+def test_a_recommendations_table_of_the_previous_version_is_read(tmp_path):
+    old_columns = [c for c in RECOMMENDATION_COLUMNS if c not in ("pareto", "schema_version")]
+    values = {**{c: "" for c in old_columns}, "cluster": "local", "model": "tiny", "tp": "1",
+              "pp": "1", "cp": "4", "seq": "2048", "runner": "attention", "env_tag": "default",
+              "a2a": "2", "p2p": "2", "comm_type": "a2a+p2p", "median_s": "1.5",
+              "trials": "2", "ok_trials": "2", "tie": "False", "incomplete": "False"}
+    (tmp_path / "recommendations.csv").write_text(
+        ",".join(old_columns) + "\n" + ",".join(values[c] for c in old_columns) + "\n")
+    (rec,) = ResultStore(tmp_path).recommendations()
+    assert (rec["a2a"], rec["median_s"], rec["pareto"], rec["schema_version"]) == (2, 1.5, "", 1)
+    newer = (tmp_path / "recommendations.csv").read_text().splitlines()
+    (tmp_path / "recommendations.csv").write_text(
+        newer[0] + ",schema_version\n" + newer[1] + ",2\n")
+    with pytest.raises(ResultsTooNew, match="recommendations.csv: recommendation schema 2 > 1"):
+        ResultStore(tmp_path).recommendations()
