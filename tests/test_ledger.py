@@ -125,6 +125,8 @@ def test_a_row_written_just_before_the_orchestrator_died_completes_its_trial(tmp
     ResultStore(root).rebuild()
     (t,) = Ledger(root / "optuna.journal").study(KEY.name).get_trials()
     assert t.number == number and t.state.name == "COMPLETE" and t.user_attrs["job_id"] == "42"
+    study.tell(number, Status.OK, None, row=r)  # its orchestrator tells late: no second trial
+    assert len(Ledger(root / "optuna.journal").study(KEY.name).get_trials()) == 1
 
 
 def test_a_long_error_and_step_list_survive_an_rdb_storage(tmp_path):
