@@ -105,7 +105,6 @@ class LayoutStudy:
 
     def __init__(self, storage: Any, name: str, kept_a2a: list[int]) -> None:
         self.kept = list(kept_a2a)
-        self.storage = storage
         self.study = optuna.create_study(
             storage=storage, study_name=name, directions=["minimize", "minimize"],
             load_if_exists=True,
