@@ -76,12 +76,13 @@ def row_text_of(trial: FrozenTrial) -> Optional[str]:
 
 
 def state_of(row: dict[str, Any]) -> tuple[TrialState, Optional[list[float]]]:
-    """ok (with a median) -> COMPLETE with (median step s, peak memory bytes); pruned and
-    skipped (stopped early, or never started: predicted too slow) -> PRUNED; the rest
-    (failed, invalid, cancelled) -> FAIL."""
+    """ok (with a median, and proof that CP was active) -> COMPLETE with (median step s,
+    peak memory bytes); pruned and skipped (stopped early, or never started: predicted too
+    slow) -> PRUNED; the rest (failed, invalid, cancelled, an ok row without proof) -> FAIL,
+    so the study's Pareto front holds only what the tables may rank."""
     median = row.get("median_s")
-    if row["status"] == Status.OK.value and isinstance(median, (int, float)) \
-            and math.isfinite(median):
+    if row["status"] == Status.OK.value and row.get("verified") is True \
+            and isinstance(median, (int, float)) and math.isfinite(median):
         return TrialState.COMPLETE, [float(row["median_s"]), float(row.get("peak_mem_bytes") or 0)]
     if row["status"] in (Status.PRUNED.value, Status.SKIPPED.value):
         return TrialState.PRUNED, None

@@ -154,6 +154,17 @@ def test_the_pareto_column_comes_from_the_study(tmp_path):
     assert header == ",".join(RECOMMENDATION_COLUMNS) and header.endswith(",pareto,schema_version")
 
 
+def test_an_ok_trial_without_proof_of_cp_is_never_on_the_pareto_front(tmp_path):
+    root = tmp_path / "res"
+    unproven = make_row(1, 0.5, mem=50, n=1)  # fastest and smallest, but CP not proven
+    unproven["verified"] = False
+    told({"url": str(root / "optuna.journal"), "root": root}, KEY,
+         [unproven, make_row(2, 1.0, mem=500, n=2)])
+    ResultStore(root).rebuild()
+    (rec,) = ResultStore(root).recommendations()
+    assert rec["a2a"] == 2 and rec["pareto"] == "[2,2]"
+
+
 def _teller(url, key_seq, count):
     key = SweepKey("local", "tiny", 1, 4, key_seq, "attention", "default")
     told({"url": url}, key, [make_row(2, 1.0 + i / 100, key=key) for i in range(count)])
