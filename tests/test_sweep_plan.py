@@ -190,3 +190,19 @@ def test_keys_are_the_sweeps_keys_with_a_kept_layout():
     assert [(k.tp, k.seq, k.runner, k.env_tag) for k in KEYS] == [
         (1, 256, "attention", CFG.env_tag), (1, 512, "attention", CFG.env_tag)]
     assert key_for(CFG, kept_by_key(CFG)[K256][0]) == K256
+
+
+def test_the_sweep_shows_the_recommendations_of_its_own_keys_only():
+    from hcp_tune.cli import _own_recommendations
+    from hcp_tune.store import KEY_FIELDS, recommendations
+    from hcp_tune.sweep import SweepSummary
+
+    mine = stored(K256, 2)
+    other = stored(dataclasses.replace(K256, env_tag="te-2.10"), 2, trial_id="x-a2")
+    bridge = stored(dataclasses.replace(K256, runner="bridge"), 2, trial_id="y-a2")
+    for r in (mine, other, bridge):
+        r["verified"] = True
+    recs = recommendations([mine, other, bridge])
+    assert len(recs) == 3
+    (got,) = _own_recommendations(SweepSummary(keys=[K256], recommendations=recs))
+    assert {f: got[f] for f in KEY_FIELDS} == {f: getattr(K256, f) for f in KEY_FIELDS}
