@@ -127,90 +127,40 @@ def cmd_sweep(args: list[str]) -> int:
 
     cfg = config.load(args)
     runner, reason = predict.resolve_runner(cfg.runner.name)
-    if reason:
-        print(reason, file=sys.stderr)
+    ui.print_sweep_runner(reason)
     if runner == "model":
         _show(cfg.format, predict.predict_rows(cfg), "print_predict")
         return EXIT_OK
-    from hcp_tune import plan, sweep
-
-    from hcp_tune.fit import advice_line
-
-    for line in plan.notes(cfg):  # the recipe followed; one stage measured when pp > 1
-        print(f"sweep: {line}", file=sys.stderr)
-    for a in predict.predict_rows(cfg)["fit_advice"]:  # nothing fits: what would
-        print(advice_line(a, cfg.cluster.gpu_memory_gib, "sweep"), file=sys.stderr)
     cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, name=runner))
-    ordered = predict.ordering(cfg)
-    order = {}
-    if cfg.search.order_by_prediction:
-        order = {(c.tp, c.seq, c.layout.a2a): p.step_time_s for c, p in ordered}
-    skips = predict.skip_slower_than(ordered, cfg.search.skip_predicted_slower_than)
     if runner == "attention+bridge":  # attention over every layout, Bridge over the best k
         from hcp_tune import twostage
 
-        summary = twostage.run(cfg, ui.SweepReporter(), order=order, skips=skips)
+        summary = twostage.run(cfg, ui.SweepReporter(), on_plan=ui.print_sweep_start)
     else:
-        from hcp_tune import cost
+        from hcp_tune import sweep
 
-        summary = sweep.Sweeper(cfg, ui.SweepReporter(), order=order, skips=skips,
-                                costs=cost.costs_by_layout(cfg, ordered)).run()
-    done = ", ".join(f"{v} {k}" for k, v in sorted(summary.by_status.items())) or "nothing new"
-    print(f"sweep: stored {summary.stored} trial(s) ({done}); results in {cfg.results_dir}/")
-    if summary.aborted:
-        print(f"sweep: {summary.aborted}", file=sys.stderr)
-    if summary.budget_stop:
-        print(f"sweep: {summary.budget_stop}", file=sys.stderr)
-    if summary.pruned:
-        print(f"early stopping: {summary.pruned} trial(s) pruned, "
-              f"{summary.pruned_saved_steps} measured step(s) not run")
-    keys = {(tp, seq) for tp in cfg.tps for seq in cfg.seqs}
-    recs = [r for r in summary.recommendations
-            if (r["tp"], r["seq"]) in keys and r["cp"] == cfg.cp and r.get("pp", 1) == cfg.pp
-            and r["cluster"] == cfg.cluster.name and r["model"] == cfg.model.name
-            and r["runner"] == runner and r["env_tag"] == cfg.env_tag]
-    if recs:
-        ui.print_recommendations(recs, f"ranked: {cfg.results_dir}/recommendations.csv")
-    unmeasured = _unmeasured_lines(summary, {(r["tp"], r["seq"]) for r in recs},
-                                   cfg.results_dir / "trials.csv")
-    for line in unmeasured:
-        print(line, file=sys.stderr)
+        sweeper = sweep.Sweeper(cfg, ui.SweepReporter())
+        ui.print_sweep_start(sweeper.plan())
+        summary = sweeper.run()
+    recs = _own_recommendations(summary)
+    ui.print_sweep_end(summary, recs, cfg.results_dir)
     return EXIT_FINDINGS if summary.aborted or not recs else EXIT_OK
 
 
+def _own_recommendations(summary) -> list[dict]:
+    """The recommendations of this sweep's keys, selected by the keys' fields."""
+    from hcp_tune.store import KEY_FIELDS
+
+    keys = {tuple(getattr(k, f) for f in KEY_FIELDS) for k in summary.keys}
+    return [r for r in summary.recommendations
+            if tuple(r.get(f, 1) if f == "pp" else r.get(f) for f in KEY_FIELDS) in keys]
+
+
 def _unmeasured_lines(summary, ranked: set, trials_csv) -> list[str]:
-    """What to tell the user about sweep keys left with no ranked layout: per key when
-    some were measured, one verdict when none was, with the failures counted by class."""
-    from hcp_tune.ui import by_class_text
+    """``ui.unmeasured_lines`` (kept here for its callers)."""
+    from hcp_tune.ui import unmeasured_lines
 
-    def merged(key) -> tuple[dict[str, int], int]:
-        counts = dict(summary.failures.get(key, {}))
-        kept = summary.kept_failures.get(key, {})
-        for label, n in kept.items():
-            counts[label] = counts.get(label, 0) + n
-        return counts, sum(kept.values())
-
-    missing = [k for k in summary.keys if (k.tp, k.seq) not in ranked]
-    if not summary.keys:
-        return ["sweep: nothing measured: no layout of this sweep is kept (see `python -m "
-                "hcp_tune plan` with the same overrides for the reasons)"]
-    lines, total, total_kept = [], {}, 0
-    for key in missing:
-        counts, kept = merged(key)
-        total_kept += kept
-        for label, n in counts.items():
-            total[label] = total.get(label, 0) + n
-        if ranked:
-            lines.append(f"sweep: nothing measured for tp={key.tp} seq={key.seq}: "
-                         f"{by_class_text(counts) if counts else 'no trial ended ok'}")
-    if not ranked:
-        what = by_class_text(total) if total else "no trial ended ok"
-        lines.append(f"sweep: nothing measured: {what}; errors in {trials_csv}")
-    if total_kept:
-        lines.append(f"sweep: {total_kept} failed or invalid trial(s) stored by an earlier "
-                     "run are kept: after fixing the cause, search.retry=failed (or a class, e.g. "
-                     f"search.retry={min(summary.kept_failures_total())}) measures them again")
-    return lines
+    return unmeasured_lines(summary, ranked, trials_csv)
 
 
 def cmd_trial(args: list[str]) -> int:

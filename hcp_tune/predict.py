@@ -6,6 +6,8 @@
   promising layouts first so early stopping bites sooner).
 - ``skip_slower_than(ordered, factor)``: which to skip because they are predicted slower
   than the best of their key by more than ``factor`` (``search.skip_predicted_slower_than``).
+- ``fit_advice(cfg, ordered, params)``: per key where no layout is predicted to fit, the
+  smallest change that would (``fit.advice``).
 - ``resolve_runner(name, command=)``: ``runner=auto`` -> model (no GPU, no SLURM) or
   attention for ``sweep``; always attention for ``trial``, which measures.
 
@@ -78,6 +80,17 @@ def skip_slower_than(ordered: list[tuple[Candidate, Prediction]],
     return out
 
 
+def fit_advice(cfg: SweepConfig, ordered: list[tuple[Candidate, Prediction]],
+               params: CostParams) -> list[dict[str, Any]]:
+    """Per (seq, tp) key where no layout of ``ordered`` is predicted to fit the GPU memory,
+    the smallest change that would (``fit.advice``); reuses ``ordered``'s predictions."""
+    gpu_mem = cfg.cluster.gpu_memory_gib
+    unfit = sorted({_key(c) for c, _ in ordered}
+                   - {_key(c) for c, p in ordered if p.memory_gib <= gpu_mem})
+    return [fit.advice(dataclasses.replace(cfg, seqs=(seq,), tps=(tp,)), params)
+            for seq, tp in unfit]
+
+
 def _row(c: Candidate, p: Prediction, rank: int, best: float, gpu_mem: float) -> dict[str, Any]:
     return {
         "tp": c.tp, "cp": c.cp, "seq": c.seq, "dp": c.dp, "pp": c.pp, "a2a": c.layout.a2a,
@@ -114,10 +127,7 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
         rows.append(_row(c, p, rank, best[_key(c)], gpu_mem))
         if not rows[-1]["fits_memory"]:
             rows[-1]["rank"] = None
-    unfit = sorted({_key(c) for c, _ in ordered} - {(r["seq"], r["tp"]) for r in rows
-                                                     if r["fits_memory"]})
-    advice = [fit.advice(dataclasses.replace(cfg, seqs=(seq,), tps=(tp,)), params)
-              for seq, tp in unfit]
+    advice = fit_advice(cfg, ordered, params)
     return {
         "label": label_for(cfg.cluster, params),
         "params_source": params.source,

@@ -7,7 +7,9 @@ and shown live (``ui``). Up to ``array_parallelism`` trials run at once; the fir
 goes out as one job array, later ones one by one as slots free up, so no batch waits for
 its slowest member. A running trial whose steps are clearly slower than the best so far is
 stopped (early stopping, the rule in ``should_prune``). Re-running the same command
-resumes: stored trials are not re-run and submitted ones are re-attached by job id.
+resumes: stored trials are not re-run and submitted ones are re-attached by job id. What
+to run, in which order, and what to resume, skip or re-attach is decided in one pure
+function (``sweep_plan.plan_sweep``); the ``Sweeper`` gathers its inputs and does the I/O.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hcp_tune import dispatch
+from hcp_tune import dispatch, sweep_plan
 from hcp_tune.config import SweepConfig
 # the jobs' payloads: defined on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.entry import merge_root_cause
@@ -27,8 +29,7 @@ from hcp_tune.job.payload import slurm_batch_payload
 from hcp_tune.launch import local_batch_payload
 from hcp_tune.layout import Candidate
 from hcp_tune.noise import row_noise
-from hcp_tune.plan import candidates
-from hcp_tune.settings import RETRY_CHOICES
+from hcp_tune.sweep_plan import SweepPlan, failure_label, kept_by_key, plan_sweep
 from hcp_tune.spec import (
     FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, classify_error_text,
     result_from_json,
@@ -38,32 +39,6 @@ from hcp_tune.store import ResultStore, SweepKey, trial_row
 POLL_INTERVAL_S = 1.0  # how often the orchestrator polls jobs and progress files
 MIN_STEPS_TO_PRUNE = 3  # measured steps a running trial needs before it can be judged
 PRUNE_FLOOR = 0.05  # a trial is never stopped for being less than 5% slower than the best
-
-
-FAILURE_LABELS = RETRY_CHOICES[2:]  # every failure class, and "invalid"
-
-
-def failure_label(row: dict[str, Any]) -> Optional[str]:
-    """A stored trial that measured nothing usable: its failure class, or ``invalid``."""
-    if row.get("status") == Status.FAILED.value:
-        return row.get("failure_class") or FailureClass.UNKNOWN.value
-    if row.get("status") == Status.INVALID.value:
-        return "invalid"
-    return None
-
-
-def retry_labels(value: Any) -> frozenset[str]:
-    """``search.retry``: which stored failures a sweep measures again.
-
-    ``none`` (default): keep every stored outcome (cancelled trials and ``environment``
-    failures are measured again regardless); ``failed``: every failed or invalid trial;
-    a failure class (``oom``, ``comm``, ...) or ``invalid``, or a list of them. ``value``
-    was checked at load (``settings.SearchConfig``).
-    """
-    items = ["none"] if value is None else value if isinstance(value, (list, tuple)) else [value]
-    if "failed" in items:
-        return frozenset(FAILURE_LABELS)
-    return frozenset(i for i in items if i != "none")
 
 
 def _count(counts: dict, key: Any, label: str) -> None:
@@ -240,17 +215,14 @@ class SweepSummary:
 class Sweeper:
     """One sweep run: plans the work, keeps the slots full, stores every outcome."""
 
-    def __init__(self, cfg: SweepConfig, reporter: Any, order: Optional[dict] = None,
-                 skips: Optional[list[dict[str, Any]]] = None,
-                 costs: Optional[dict[tuple[int, int, int], Any]] = None) -> None:
+    def __init__(self, cfg: SweepConfig, reporter: Any, *,
+                 only: Optional[dict[tuple[int, int], set[int]]] = None) -> None:
         from hcp_tune import tuner
 
         runner = cfg.runner.name
         if runner not in ("attention", "bridge"):
             raise ValueError(f"Sweeper measures: runner={runner!r} must be resolved first "
                              "(predict.resolve_runner)")
-        retry = cfg.search.retry
-        self.retry = retry_labels(retry)
         self.cfg = cfg
         self.reporter = reporter
         self.store = ResultStore(cfg.results_dir)
@@ -266,95 +238,69 @@ class Sweeper:
         self.early_stop = cfg.search.early_stop
         storage = cfg.search.storage or str(cfg.results_dir / "optuna.journal")
         self.storage = tuner.open_storage(storage)
-        self.order = order or {}  # (tp, seq, a2a) -> predicted seconds, best first
-        # (tp, seq, a2a) -> why the cost model says not to measure it (skip factor)
-        self.skips = {(s["tp"], s["seq"], s["a2a"]): s for s in (skips or [])}
-        # (tp, seq, a2a) -> cost.TrialCost: the estimate stated first, and the budget's
-        self.costs = costs or {}
+        self.only = only  # (tp, seq) -> the a2a sizes to measure; None: every kept layout
+        self.planned: Optional[SweepPlan] = None  # set by plan()
+        self.studies: dict[SweepKey, Any] = {}  # one tuner.LayoutStudy per key
+        # (tp, seq, a2a) -> cost.TrialCost, from the plan: the budget's per-trial estimate
+        self.costs: dict[tuple[int, int, int], Any] = {}
         self.budget = cfg.search.budget_gpu_hours
         self.spent_gpu_hours = 0.0  # the estimate of what this run has submitted
         self.queue: list[Work] = []
         self.running: list[Running] = []
-        self.summary = SweepSummary(retry=str(retry))
+        self.summary = SweepSummary(retry=str(cfg.search.retry))
         self.best: dict[str, dict[str, Any]] = {}  # key name -> best ok row
 
     # ---------------------------------------------------------------- planning / resume
     def key_for(self, cand: Candidate) -> SweepKey:
-        c = self.cfg
-        return SweepKey(cluster=c.cluster.name, model=c.model.name, tp=cand.tp, cp=cand.cp,
-                        seq=cand.seq, runner=c.runner.name,
-                        env_tag=c.env_tag, pp=cand.pp)
+        return sweep_plan.key_for(self.cfg, cand)
 
-    def plan(self) -> None:
-        from hcp_tune import tuner
+    def plan(self) -> SweepPlan:
+        """Gather what is stored and what earlier runs submitted, make the plan
+        (``sweep_plan.plan_sweep``) and apply it: store the skipped layouts, re-attach
+        the outstanding trials by job id, queue the rest."""
+        from hcp_tune import predict, tuner
 
         rows = self.store.rows()
-        groups: dict[SweepKey, list[Candidate]] = {}
-        for cand in candidates(self.cfg):
-            if cand.kept:
-                groups.setdefault(self.key_for(cand), []).append(cand)
-        self.summary.keys = list(groups)
-        reattached: dict[tuple, Running] = {}
-        for key, kept in groups.items():
+        stored_ids = {r.get("trial_id") for r in rows}
+        outstanding = {}
+        for key, kept in kept_by_key(self.cfg).items():
             study = tuner.LayoutStudy(self.storage, key.name, [c.layout.a2a for c in kept])
             study.abandon_unsubmitted()
-            key_rows = [r for r in rows if r.get("trial_id", "").startswith(key.slug)]
-            for r in key_rows:
+            self.studies[key] = study
+            outstanding[key] = study.outstanding(stored_ids)
+        plan = plan_sweep(self.cfg, rows, outstanding, params=predict.params_for(self.cfg),
+                          only=self.only)
+        self._apply(plan)
+        return plan
+
+    def _apply(self, plan: SweepPlan) -> None:
+        self.planned = plan
+        s = self.summary
+        s.keys = plan.keys
+        s.resumed, s.reattached, s.retried = plan.resumed, plan.reattached, plan.retried
+        s.kept_failures = {k: dict(v) for k, v in plan.kept_failures.items()}
+        s.estimate = plan.estimate_text
+        self.costs = dict(plan.costs)
+        for key, rows in plan.stored.items():
+            for r in rows:
                 self._note_best(key, r)
-            done = self._resume(key, key_rows)
-            self.summary.resumed += sum(done.values())
-            stored_ids = {r["trial_id"] for r in key_rows}
-            for o in study.outstanding(stored_ids):
-                cand = next(c for c in kept if c.layout.a2a == o.a2a)
-                spec = spec_for(self.cfg, cand, o.trial_id, self.progress_dir)
-                member = Member(key, study, o.number, spec, cand, kept)
-                job = (o.executor, o.folder, o.job_id)  # a batch's trials share their job
-                if job not in reattached:
-                    reattached[job] = Running([], dispatch.attach(o.folder, o.job_id, o.executor))
-                    self.running.append(reattached[job])
-                reattached[job].members.append(member)
-                done[o.a2a] = done.get(o.a2a, 0) + 1
-                self.summary.reattached += 1
-            ordered = sorted(kept, key=lambda c: self.order.get((c.tp, c.seq, c.layout.a2a), 0.0))
-            for cand in ordered:
-                skip = self.skips.get((cand.tp, cand.seq, cand.layout.a2a))
-                if skip and not done.get(cand.layout.a2a):
-                    self._store_skipped(key, cand, skip)
-                    done[cand.layout.a2a] = self.repeats
-            for _ in range(self.repeats):
-                for cand in ordered:
-                    if done.get(cand.layout.a2a, 0) > 0:
-                        done[cand.layout.a2a] -= 1
-                        continue
-                    self.queue.append(Work(key, study, cand, kept))
+        for skip in plan.skipped:
+            self._store_skipped(skip.key, skip.cand, {
+                "reason": skip.reason, "predicted": {"step_time_s": skip.predicted_step_s}})
+        jobs: dict[tuple, Running] = {}
+        for r in plan.reattach:
+            o = r.trial
+            spec = spec_for(self.cfg, r.cand, o.trial_id, self.progress_dir)
+            job = (o.executor, o.folder, o.job_id)  # a batch's trials share their job
+            if job not in jobs:
+                jobs[job] = Running([], dispatch.attach(o.folder, o.job_id, o.executor))
+                self.running.append(jobs[job])
+            jobs[job].members.append(
+                Member(r.key, self.studies[r.key], o.number, spec, r.cand, plan.kept[r.key]))
         for run in self.running:  # the job runs them in trial-number order
             run.members.sort(key=lambda m: m.number)
-
-    def _resume(self, key: SweepKey, key_rows: list[dict[str, Any]]) -> dict[int, int]:
-        """Stored trials that stand, per a2a size. Cancelled trials and environment
-        failures (fixed by the user, then resumed) are measured again, and so are the
-        failures ``search.retry`` names; every other stored outcome stands. Kept failures
-        of layouts with nothing better stored are counted, so the user hears of the option."""
-        done: dict[int, int] = {}
-        kept: dict[int, list[str]] = {}
-        retried: dict[int, int] = {}
-        for r in key_rows:  # trial ids sort in submission order
-            label = failure_label(r)
-            if r["status"] == Status.CANCELLED.value or label == FailureClass.ENVIRONMENT.value:
-                continue
-            if label in self.retry:
-                retried[r["a2a"]] = retried.get(r["a2a"], 0) + 1
-                continue
-            done[r["a2a"]] = done.get(r["a2a"], 0) + 1
-            if label:
-                kept.setdefault(r["a2a"], []).append(label)
-        for a2a, labels in kept.items():
-            usable = done[a2a] - len(labels)
-            for label in labels[len(labels) - max(0, min(len(labels), self.repeats - usable)):]:
-                _count(self.summary.kept_failures, key, label)
-        self.summary.retried += sum(min(n, max(0, self.repeats - done.get(a2a, 0)))
-                                    for a2a, n in retried.items())
-        return done
+        self.queue.extend(Work(p.key, self.studies[p.key], p.cand, plan.kept[p.key])
+                          for p in plan.queue)
 
     def _store_skipped(self, key: SweepKey, cand: Candidate, skip: dict[str, Any],
                        study: Any = None) -> None:
@@ -613,13 +559,8 @@ class Sweeper:
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> SweepSummary:
-        self.plan()
-        if self.costs:
-            from hcp_tune import cost
-
-            planned = [self._cost(w) for w in self.queue]
-            self.summary.estimate = cost.estimate([c for c in planned if c]).text(
-                self.cfg.cluster.device == "cpu")
+        if self.planned is None:
+            self.plan()
         self.reporter.start(len(self.queue) + sum(len(r.members) for r in self.running),
                             self.summary)
         try:

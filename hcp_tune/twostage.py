@@ -16,12 +16,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hcp_tune import store as store_mod
 from hcp_tune.config import SweepConfig
 from hcp_tune.spec import atomic_write_text
 from hcp_tune.sweep import Sweeper, SweepSummary
+from hcp_tune.sweep_plan import SweepPlan
 
 TWO_STAGE_FIELDS = ("cluster", "model", "tp", "cp", "seq", "env_tag", "attention_best",
                     "attention_median_s", "bridge_candidates", "bridge_best",
@@ -47,17 +48,12 @@ def best_layouts(rows: list[dict[str, Any]], cfg: SweepConfig, k: int
 
 
 class BridgeStage(Sweeper):
-    """A Sweeper that measures only the chosen layouts of each key."""
+    """A Sweeper that measures only the chosen layouts of each key (the plan's ``only``)."""
 
     def __init__(self, cfg: SweepConfig, reporter: Any,
-                 chosen: dict[tuple[int, int], set[int]], **kw: Any) -> None:
-        super().__init__(cfg, reporter, **kw)
+                 chosen: dict[tuple[int, int], set[int]]) -> None:
+        super().__init__(cfg, reporter, only=chosen)
         self.chosen = chosen  # (tp, seq) -> a2a sizes to measure
-
-    def plan(self) -> None:
-        super().plan()
-        self.queue = [w for w in self.queue
-                      if w.cand.layout.a2a in self.chosen.get((w.cand.tp, w.cand.seq), set())]
 
 
 def compare(rows: list[dict[str, Any]], cfg: SweepConfig,
@@ -92,26 +88,27 @@ def write_table(path, lines: list[dict[str, Any]]) -> None:
     atomic_write_text(str(path), buf.getvalue())
 
 
-def run(cfg: SweepConfig, reporter: Any, *, order: Optional[dict] = None,
-        skips: Optional[list[dict[str, Any]]] = None) -> SweepSummary:
-    """Both stages; the summary's recommendations are Bridge's, each with ``matched``."""
-    first = Sweeper(stage_config(cfg, "attention"), reporter, order=order, skips=skips).run()
+def run(cfg: SweepConfig, reporter: Any, *,
+        on_plan: Optional[Callable[[SweepPlan], None]] = None) -> SweepSummary:
+    """Both stages; the summary's recommendations are Bridge's, each with ``matched``.
+    ``on_plan`` sees the attention stage's plan before anything is submitted."""
+    stage = Sweeper(stage_config(cfg, "attention"), reporter)
+    plan = stage.plan()
+    if on_plan is not None:
+        on_plan(plan)
+    first = stage.run()
     if first.aborted:
         first.aborted = f"attention stage: {first.aborted}"
         return first
     picked = best_layouts(store_mod.ResultStore(cfg.results_dir).rows(), cfg, cfg.runner.top_k)
     chosen = {key: {r["a2a"] for r in top} for key, top in picked.items()}
-    second = BridgeStage(stage_config(cfg, "bridge"), reporter, chosen, order=order).run()
+    second = BridgeStage(stage_config(cfg, "bridge"), reporter, chosen).run()
     rows = store_mod.ResultStore(cfg.results_dir).rows()
     lines = compare(rows, cfg, picked)
     write_table(cfg.results_dir / "two_stage.csv", lines)
-    for ln in lines:
-        verdict = {True: "the attention winner is Bridge's too", False: "they differ",
-                   None: ln["note"]}[ln["matched"]]
-        print(f"two-stage tp={ln['tp']} seq={ln['seq']}: attention best "
-              f"{ln['attention_best'] or '-'}, Bridge best {ln['bridge_best'] or '-'} "
-              f"(of {ln['bridge_candidates'] or 'none'}): {verdict}")
-    print(f"two-stage: {cfg.results_dir / 'two_stage.csv'}")
+    from hcp_tune import ui
+
+    ui.print_two_stage(lines, cfg.results_dir / "two_stage.csv")
     matched = {(ln["tp"], ln["seq"]): ln["matched"] for ln in lines}
     second.recommendations = [
         {**r, "attention_winner_matched": matched.get((r["tp"], r["seq"]))}

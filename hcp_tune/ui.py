@@ -147,6 +147,85 @@ class SweepReporter:
             self._live = None
 
 
+def print_sweep_runner(reason: str) -> None:
+    """Why the sweep measures with another runner than asked (``predict.resolve_runner``)."""
+    if reason:
+        print(reason, file=sys.stderr)
+
+
+def print_sweep_start(plan: Any) -> None:
+    """The plan's notes and fit advice (``sweep_plan.SweepPlan``), before anything runs;
+    the trial count and the estimate are the reporter's first line (``SweepReporter.start``)."""
+    for line in plan.notes:  # the recipe followed; one stage measured when pp > 1
+        print(f"sweep: {line}", file=sys.stderr)
+    for line in plan.fit_advice:  # nothing fits: what would
+        print(line, file=sys.stderr)
+
+
+def print_sweep_end(summary: Any, recs: list[dict[str, Any]], results_dir: Any) -> None:
+    """What the sweep stored, why it stopped early if it did, early stopping's savings,
+    the ranking of this sweep's keys, and what was left unmeasured."""
+    done = ", ".join(f"{v} {k}" for k, v in sorted(summary.by_status.items())) or "nothing new"
+    print(f"sweep: stored {summary.stored} trial(s) ({done}); results in {results_dir}/")
+    if summary.aborted:
+        print(f"sweep: {summary.aborted}", file=sys.stderr)
+    if summary.budget_stop:
+        print(f"sweep: {summary.budget_stop}", file=sys.stderr)
+    if summary.pruned:
+        print(f"early stopping: {summary.pruned} trial(s) pruned, "
+              f"{summary.pruned_saved_steps} measured step(s) not run")
+    if recs:
+        print_recommendations(recs, f"ranked: {results_dir}/recommendations.csv")
+    for line in unmeasured_lines(summary, {(r["tp"], r["seq"]) for r in recs},
+                                 f"{results_dir}/trials.csv"):
+        print(line, file=sys.stderr)
+
+
+def unmeasured_lines(summary: Any, ranked: set, trials_csv: Any) -> list[str]:
+    """What to tell the user about sweep keys left with no ranked layout: per key when
+    some were measured, one verdict when none was, with the failures counted by class."""
+
+    def merged(key) -> tuple[dict[str, int], int]:
+        counts = dict(summary.failures.get(key, {}))
+        kept = summary.kept_failures.get(key, {})
+        for label, n in kept.items():
+            counts[label] = counts.get(label, 0) + n
+        return counts, sum(kept.values())
+
+    missing = [k for k in summary.keys if (k.tp, k.seq) not in ranked]
+    if not summary.keys:
+        return ["sweep: nothing measured: no layout of this sweep is kept (see `python -m "
+                "hcp_tune plan` with the same overrides for the reasons)"]
+    lines, total, total_kept = [], {}, 0
+    for key in missing:
+        counts, kept = merged(key)
+        total_kept += kept
+        for label, n in counts.items():
+            total[label] = total.get(label, 0) + n
+        if ranked:
+            lines.append(f"sweep: nothing measured for tp={key.tp} seq={key.seq}: "
+                         f"{by_class_text(counts) if counts else 'no trial ended ok'}")
+    if not ranked:
+        what = by_class_text(total) if total else "no trial ended ok"
+        lines.append(f"sweep: nothing measured: {what}; errors in {trials_csv}")
+    if total_kept:
+        lines.append(f"sweep: {total_kept} failed or invalid trial(s) stored by an earlier "
+                     "run are kept: after fixing the cause, search.retry=failed (or a class, e.g. "
+                     f"search.retry={min(summary.kept_failures_total())}) measures them again")
+    return lines
+
+
+def print_two_stage(lines: list[dict[str, Any]], path: Any) -> None:
+    """One line per key of a two-stage sweep: each stage's winner and whether they agree."""
+    for ln in lines:
+        verdict = {True: "the attention winner is Bridge's too", False: "they differ",
+                   None: ln["note"]}[ln["matched"]]
+        print(f"two-stage tp={ln['tp']} seq={ln['seq']}: attention best "
+              f"{ln['attention_best'] or '-'}, Bridge best {ln['bridge_best'] or '-'} "
+              f"(of {ln['bridge_candidates'] or 'none'}): {verdict}")
+    print(f"two-stage: {path}")
+
+
 def by_class_text(counts: dict[str, int]) -> str:
     """``{'oom': 2, 'invalid': 1}`` -> ``'3 trial(s) failed or were invalid (invalid: 1,
     oom: 2)'``."""
