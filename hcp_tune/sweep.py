@@ -234,7 +234,6 @@ class Sweeper:
         # CPU trials share this machine's cores: measured side by side they would rank the
         # contention, not the layouts. GPU trials get their own nodes and run in parallel.
         self.slots = 1 if cfg.cluster.device == "cpu" else self.exec_cfg.array_parallelism
-        self.repeats = cfg.search.repeats
         self.early_stop = cfg.search.early_stop
         storage = cfg.search.storage or str(cfg.results_dir / "optuna.journal")
         self.storage = tuner.open_storage(storage)
@@ -286,7 +285,8 @@ class Sweeper:
                 self._note_best(key, r)
         for skip in plan.skipped:
             self._store_skipped(skip.key, skip.cand, {
-                "reason": skip.reason, "predicted": {"step_time_s": skip.predicted_step_s}})
+                "reason": skip.reason, "predicted": {"step_time_s": skip.predicted_step_s}},
+                study=self.studies.get(skip.key))
         jobs: dict[tuple, Running] = {}
         for r in plan.reattach:
             o = r.trial

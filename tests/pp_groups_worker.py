@@ -5,7 +5,6 @@ Started as a plain process with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; 
 the JSON file rank 0 writes.
 """
 import json
-import os
 import sys
 from datetime import timedelta
 

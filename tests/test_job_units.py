@@ -1,6 +1,5 @@
 """Job-side pieces that need no process group: env detection, chunk placement, the local
 attention blocks, statistics, FLOPs, the TE path's availability and version rules."""
-import math
 
 import pytest
 import torch
