@@ -332,8 +332,7 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
         from hcp_tune.job.groups import check_groups, init_groups, read_groups
         from hcp_tune.job.verify import verify_cp
 
-        importlib.import_module("megatron.core.parallel_state")  # timed here, not in "groups"
-        phases["imports"] = time.monotonic() - t0  # torch, Megatron-Core: once per process
+        phases["imports"] = time.monotonic() - t0  # torch and the job modules: once per process
         env = env or detect_env()
         res.job_id = env.job_id
         if env.world_size != spec.world_size:
@@ -354,6 +353,11 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
         if spec.inject_fault == "raise":
             raise RuntimeError("injected fault (tests only): raise\nsecond line is not reported")
         res.resources = resources()
+        # Megatron-Core's import is counted in "imports", not "groups"; it stays after the
+        # GPU binding (importing it may touch a device)
+        t = time.monotonic()
+        importlib.import_module("megatron.core.parallel_state")
+        phases["imports"] += time.monotonic() - t
         t = time.monotonic()
         if pset.layout == _layout_key(spec) and pset.before is not None:
             before = pset.before  # the same layout ran last in these processes: reuse
