@@ -5,6 +5,7 @@ Ctrl-C reach a trial inside a batch; a job ended from outside is ``cancelled`` a
 again; the local and SLURM executors store the same statuses and fields."""
 import json
 import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -13,8 +14,8 @@ from conftest import make_spec
 from hcp_tune.layout import Layout
 from hcp_tune.spec import Status, result_from_json
 from test_sweep import (
-    TINY, ctrl_c_once_submitted, hcp, kill_after_first_row_and_resume, rows, squeue_ids, start,
-    wait_for,
+    ENV, REPO, TINY, ctrl_c_once_submitted, hcp, kill_after_first_row_and_resume, rows, squeue_ids,
+    start, wait_for,
 )
 
 BATCH = [*TINY, "search.early_stop=false", "executor.trials_per_job=6"]
@@ -221,3 +222,31 @@ def test_recommend_names_the_layouts_a_key_is_missing(tmp_path):
     assert r.returncode == 0, r.stderr
     assert ("incomplete: not every layout has a valid measurement: [2,1] cancelled; run the "
             "same sweep again to measure them") in r.stdout
+
+
+@pytest.mark.multiproc
+def test_early_stop_prunes_a_planted_slow_trial_inside_a_batch_and_the_batch_goes_on(tmp_path):
+    """The orchestrator's own ``should_prune`` writes the stop file. [1,2] (the ring, first
+    in candidate order) is planted slow: 0.2 s before each ring transfer, 10x or more a tiny
+    seq-256 step. Job 1 measures it in full (no best yet), then [2,1]; job 2 (the repeats)
+    starts [1,2] with a best to beat: it is stopped after 3 of its 15 steps (7 s or more
+    left to notice), and [2,1] after it in the same job still completes."""
+    res = tmp_path / "results"
+    r = subprocess.run(
+        [sys.executable, "-m", "hcp_tune", "sweep", "cp=2", "seq=256", *TINY,
+         "runner.measure_steps=15", "search.early_stop=true", "search.order_by_prediction=false",
+         "search.repeats=2", "executor.trials_per_job=6", "executor=local",
+         f"results_dir={res}"],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+        env={**ENV, "HCP_TUNE_INJECT_DELAY": "p2p:0.2"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(res)
+    assert _per_layout(got) == {(256, 1): 2, (256, 2): 2}
+    pruned = [x for x in got if x["status"] == "pruned"]
+    assert [x["a2a"] for x in pruned] == [1], [(x["a2a"], x["status"]) for x in got]
+    slow = pruned[0]
+    assert 3 <= slow["steps"] < 15 and slow["error"].startswith("stopped early: fastest of")
+    stop = res / "trials" / f"{slow['trial_id']}.stop"
+    assert stop.read_text() == slow["error"]  # written by the orchestrator, read by the job
+    same_job = [x for x in got if x["job_id"] == slow["job_id"] and x is not slow]
+    assert [(x["a2a"], x["status"], x["steps"]) for x in same_job] == [(2, "ok", 15)]

@@ -21,6 +21,7 @@ saw a lost peer).
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -275,6 +276,8 @@ class ProcessSet:
     layout: Optional[tuple] = None  # (tp, a2a, p2p, hierarchical) of the live groups
     before: Optional[frozenset] = None  # the groups that existed before the live ones
     proofs: dict = None  # proof key -> verdict dict
+    ended: Optional[float] = None  # monotonic time the previous trial's wall_s ended
+    fingerprint: Optional[dict] = None  # the same processes, the same environment: taken once
 
     def __post_init__(self) -> None:
         self.proofs = {} if self.proofs is None else self.proofs
@@ -318,7 +321,9 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
     before = None  # the process groups that existed before this trial's, once it makes some
     device = None
     pset = pset if pset is not None else ProcessSet()
-    phases = res.phases_s
+    phases = res.phases_s  # disjoint; what wall_s has besides them is this function's own
+    if pset.ended is not None:  # since the previous trial's wall_s: its teardown, result write
+        phases["between"] = t0 - pset.ended
     try:
         if spec.inject_fault not in FAULTS:
             raise ValueError(f"inject_fault={spec.inject_fault!r}: expected one of {FAULTS}")
@@ -327,6 +332,7 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
         from hcp_tune.job.groups import check_groups, init_groups, read_groups
         from hcp_tune.job.verify import verify_cp
 
+        phases["imports"] = time.monotonic() - t0  # torch and the job modules: once per process
         env = env or detect_env()
         res.job_id = env.job_id
         if env.world_size != spec.world_size:
@@ -340,11 +346,18 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
         if chosen.note:
             res.notes.append(chosen.note)
         created = init_distributed(env, device_type=device.type, timeout_s=spec.comm_timeout_s)
-        res.fingerprint = fingerprint(env, device)
-        phases["start"] = time.monotonic() - t0
+        if pset.fingerprint is None:  # a collective and package look-ups: once per process set
+            pset.fingerprint = fingerprint(env, device)
+        res.fingerprint = dict(pset.fingerprint)
+        phases["start"] = time.monotonic() - t0 - phases["imports"]  # world group, fingerprint
         if spec.inject_fault == "raise":
             raise RuntimeError("injected fault (tests only): raise\nsecond line is not reported")
         res.resources = resources()
+        # Megatron-Core's import is counted in "imports", not "groups"; it stays after the
+        # GPU binding (importing it may touch a device)
+        t = time.monotonic()
+        importlib.import_module("megatron.core.parallel_state")
+        phases["imports"] += time.monotonic() - t
         t = time.monotonic()
         if pset.layout == _layout_key(spec) and pset.before is not None:
             before = pset.before  # the same layout ran last in these processes: reuse
@@ -414,6 +427,7 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
         return res
     finally:
         res.wall_s = time.monotonic() - t0
+        pset.ended = t0 + res.wall_s
         try:
             if before is not None:
                 if keep_groups and res.status != Status.FAILED:
