@@ -19,7 +19,9 @@ from hcp_tune.dispatch import ExecutorConfig
 from hcp_tune.job.steps import StepLaunch, run_steps, srun_argv
 from hcp_tune.layout import Layout
 from hcp_tune.spec import FailureClass, Status, result_from_json
-from test_sweep import TINY, hcp, kill_after_first_row_and_resume, rows
+from test_sweep import (
+    TINY, ctrl_c_once_submitted, hcp, kill_after_first_row_and_resume, rows, squeue_ids, wait_for,
+)
 
 STEPS = [*TINY, "search.early_stop=false", "executor.trials_per_job=6", "executor.batch=steps"]
 DEFAULTS = yaml.safe_load((Path(__file__).parents[1] / "conf/executor/slurm.yaml").read_text())
@@ -145,6 +147,30 @@ def test_a_stop_file_keeps_a_step_from_starting(tmp_path):
 
 
 @pytest.mark.multiproc
+def test_a_stop_file_reaches_a_running_step_and_the_next_step_runs(tmp_path):
+    """What early stop uses inside a batch: the running step's ranks check the stop file."""
+    import threading
+
+    progress, stop = tmp_path / "long.jsonl", tmp_path / "long.stop"
+    specs = [make_spec(Layout(1, 2), trial_id="long", measure_steps=100000,
+                       progress_path=str(progress), stop_path=str(stop),
+                       result_path=str(tmp_path / "long.result.json")),
+             make_spec(Layout(1, 2), trial_id="next", result_path=str(tmp_path / "next.result.json"))]
+    got = []
+    driver = threading.Thread(target=lambda: got.extend(run_steps(specs, None, tmp_path / "w")))
+    driver.start()
+    wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 2,
+             timeout_s=300, what="the long trial measuring")
+    stop.write_text("stopped early: slower than the best")
+    driver.join(timeout=300)
+    assert not driver.is_alive()
+    long, nxt = got
+    assert long.status == Status.PRUNED and long.error == "stopped early: slower than the best"
+    assert 2 <= len(long.step_times_s) < 100000
+    assert nxt.status == Status.OK
+
+
+@pytest.mark.multiproc
 def test_an_environment_failure_gives_up_the_allocation(tmp_path):
     """Fresh processes do not help when the environment is wrong: the rest are not run
     (SKIPPED), which the orchestrator requeues."""
@@ -155,6 +181,18 @@ def test_an_environment_failure_gives_up_the_allocation(tmp_path):
     assert (env.status, env.failure_class) == (Status.FAILED, FailureClass.ENVIRONMENT)
     assert after.status == Status.SKIPPED and "left the allocation unusable" in after.error
     assert result_from_json((tmp_path / "after.result.json").read_text()).status == Status.SKIPPED
+
+
+@pytest.mark.multiproc
+def test_steps_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path):
+    from hcp_tune.sweep import steps_payload  # what the sweep pickles
+    from test_job_boundary import _payload_spec, _run_pickled_payload
+
+    assert steps_payload.__module__.startswith("hcp_tune.job.")
+    spec = _payload_spec(1, 2, "two-ranks")
+    proc = _run_pickled_payload(tmp_path, steps_payload, [spec], None, str(tmp_path / "steps"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "payload ran: ok" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
 # ---------------------------------------------------------------- real SLURM
@@ -198,3 +236,15 @@ def test_killed_orchestrator_mid_steps_batch_resumes_without_losing_or_rerunning
     assert _per_layout(after.values()) == {(s, a): 1 for s in (256, 512, 1024) for a in (1, 2)}
     assert {x["status"] for x in after.values()} == {"ok"}
     assert len({x["job_id"] for x in after.values()}) == 1  # the resumed run re-attached it
+
+
+@pytest.mark.slurm
+def test_ctrl_c_reaches_the_steps_of_a_running_batch(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    got, _ = ctrl_c_once_submitted(res, "cp=2", "seq=[256,512]", "search.early_stop=false",
+                                   "executor.trials_per_job=6", "executor.batch=steps")
+    assert len(got) == 4 and {x["status"] for x in got} == {"cancelled"}
+    ids = {x["job_id"] for x in got}
+    assert len(ids) == 1
+    wait_for(lambda: not (ids & squeue_ids()), timeout_s=60, what="the job to leave squeue")
+    assert all((res / "trials" / f"{x['trial_id']}.stop").exists() for x in got)
