@@ -170,6 +170,27 @@ def test_a_stop_file_reaches_a_running_step_and_the_next_step_runs(tmp_path):
     assert nxt.status == Status.OK
 
 
+def _hang_then_ok(tmp_path):
+    """A trial whose last rank stops answering at its first measured step (rank 0 then
+    waits in a collective, its comm timeout far away), then a healthy one."""
+    return [make_spec(Layout(1, 2), trial_id="hang", inject_fault="hang_rank",
+                      comm_timeout_s=600.0, time_limit_s=45.0,
+                      result_path=str(tmp_path / "hang.result.json")),
+            make_spec(Layout(1, 2), trial_id="ok", result_path=str(tmp_path / "ok.result.json"))]
+
+
+def _check_hang_then_ok(results):
+    hang, ok = results
+    assert (hang.status, hang.failure_class) == (Status.FAILED, FailureClass.TIME_LIMIT)
+    assert hang.error.startswith("time limit: the step passed the driver's limit of 45s")
+    assert ok.status == Status.OK  # a timed-out step does not break the next one
+
+
+@pytest.mark.multiproc
+def test_the_driver_ends_a_step_past_its_time_limit_and_goes_on(tmp_path):
+    _check_hang_then_ok(run_steps(_hang_then_ok(tmp_path), None, tmp_path / "w", startup_s=0.0))
+
+
 @pytest.mark.multiproc
 def test_an_environment_failure_gives_up_the_allocation(tmp_path):
     """Fresh processes do not help when the environment is wrong: the rest are not run
@@ -248,3 +269,24 @@ def test_ctrl_c_reaches_the_steps_of_a_running_batch(slurm_cluster, tmp_path):
     assert len(ids) == 1
     wait_for(lambda: not (ids & squeue_ids()), timeout_s=60, what="the job to leave squeue")
     assert all((res / "trials" / f"{x['trial_id']}.stop").exists() for x in got)
+
+
+@pytest.mark.slurm
+def test_the_driver_ends_an_srun_step_past_its_time_limit_and_goes_on(slurm_cluster, tmp_path):
+    import functools
+
+    from test_sweep import wait_for as wait
+
+    cfg = ExecutorConfig.from_mapping({**DEFAULTS, "name": "slurm", "time_limit_min": 10})
+    ex = dispatch.make_executor(cfg, world_size=2, gpus_per_node=2, folder=tmp_path / "jobs")
+    ex.update_parameters(gpus_per_node=None)  # the local cluster has no GPUs
+    dispatch.use_steps(ex, cfg)
+    launch = dispatch.step_launch(cfg, world_size=2, gpus_per_node=2)
+    handle = dispatch.submit(ex, functools.partial(run_steps, startup_s=0.0),
+                             _hang_then_ok(tmp_path), launch, str(tmp_path / "w"))
+    outcome = []
+    wait(lambda: outcome.append(dispatch.poll(handle)) or outcome[-1].finished,
+         timeout_s=400, what="the steps job to end")
+    assert outcome[-1].state == dispatch.JobState.DONE, outcome[-1].error
+    _check_hang_then_ok(outcome[-1].result)
+    assert "SLURM step" in " ".join(outcome[-1].result[1].notes)

@@ -101,11 +101,12 @@ def step_name(spec: TrialSpec) -> str:
 # ---------------------------------------------------------------- the driver
 
 
-def run_steps(specs: list[TrialSpec], launch: Optional[StepLaunch], workdir: str | Path
-              ) -> list[TrialResult]:
+def run_steps(specs: list[TrialSpec], launch: Optional[StepLaunch], workdir: str | Path,
+              *, startup_s: float = STARTUP_S) -> list[TrialResult]:
     """The batch job's one process: each trial as its own step (``launch``: SLURM's
     srun; None: local processes), in order; each result is in its ``result_path`` when its
-    step ends. Returns every trial's result (SKIPPED: not run, the allocation was given up)."""
+    step ends. A step is ended past its runner's ``time_limit_s`` plus ``startup_s``.
+    Returns every trial's result (SKIPPED: not run, the allocation was given up)."""
     workdir = Path(workdir).resolve()
     out: list[TrialResult] = []
     broken: Optional[TrialResult] = None
@@ -121,15 +122,15 @@ def run_steps(specs: list[TrialSpec], launch: Optional[StepLaunch], workdir: str
                               notes=["not started: its stop file was there before its step"])
             _write(spec, res)
         else:
-            res, unusable = run_step(spec, launch, workdir / spec.trial_id)
+            res, unusable = run_step(spec, launch, workdir / spec.trial_id, startup_s)
             if unusable:
                 broken = res
         out.append(res)
     return out
 
 
-def run_step(spec: TrialSpec, launch: Optional[StepLaunch], folder: Path
-             ) -> tuple[TrialResult, bool]:
+def run_step(spec: TrialSpec, launch: Optional[StepLaunch], folder: Path,
+             startup_s: float = STARTUP_S) -> tuple[TrialResult, bool]:
     """One trial in fresh processes; (its result, whether the allocation is unusable now)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec_file = folder / "spec.json"
@@ -139,13 +140,13 @@ def run_step(spec: TrialSpec, launch: Optional[StepLaunch], folder: Path
         spec = _with_result_path(spec, result, spec_file)
     for r in range(spec.world_size):
         rank_out_path(result, r).unlink(missing_ok=True)
-    limit = spec.time_limit_s + STARTUP_S
+    limit = spec.time_limit_s + startup_s
     if launch is None:
         timed_out, stuck, srun_log = _run_local(spec, spec_file, folder, limit), False, None
     else:
         srun_log = folder / "srun.log"
         timed_out, stuck = _run_srun(spec, spec_file, folder, launch, limit, srun_log)
-    res = _verdict(spec, result, folder, timed_out, limit, srun_log)
+    res = _verdict(spec, result, folder, timed_out, limit, startup_s, srun_log)
     unusable = stuck or res.failure_class is FailureClass.ENVIRONMENT
     if stuck:
         res.notes.append("the step outlived its kill: the rest of the batch goes to a new job")
@@ -166,7 +167,7 @@ def _write(spec: TrialSpec, res: TrialResult) -> None:
 
 
 def _verdict(spec: TrialSpec, result: Path, folder: Path, timed_out: bool, limit: float,
-             srun_log: Optional[Path]) -> TrialResult:
+             startup_s: float, srun_log: Optional[Path]) -> TrialResult:
     """Rank 0's result with a peer's root cause merged in; else one built from the step."""
     logs = sorted(folder.glob("rank*.log"))
     try:
@@ -180,7 +181,7 @@ def _verdict(spec: TrialSpec, result: Path, folder: Path, timed_out: bool, limit
         if timed_out:
             res.failure_class = FailureClass.TIME_LIMIT
             res.error = (f"time limit: the step passed the driver's limit of {limit:.0f}s "
-                         f"(runner time limit + {STARTUP_S:.0f}s start-up) and was ended")
+                         f"(runner time limit + {startup_s:.0f}s start-up) and was ended")
         elif srun_err and not ranks_ran:  # SLURM could not run the step at all
             res.failure_class, res.error = FailureClass.ENVIRONMENT, srun_err
         else:
