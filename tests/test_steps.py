@@ -130,6 +130,20 @@ def test_auto_runs_bridge_as_steps_and_batches_it(tmp_path, runner, batch, steps
 # ---------------------------------------------------------------- the driver, local steps
 
 
+def test_a_restarted_driver_keeps_what_its_job_measured_before(tmp_path):
+    """SLURM may requeue and restart a job: a trial whose result this job already wrote is
+    returned as it is, not measured again (the orchestrator removes stale result files
+    before it submits)."""
+    from hcp_tune.spec import TrialResult, to_json
+
+    done = tmp_path / "done.result.json"
+    done.write_text(to_json(TrialResult(trial_id="done", status=Status.OK, median_s=0.5)))
+    spec = make_spec(Layout(1, 2), trial_id="done", result_path=str(done))
+    (res,) = run_steps([spec], None, tmp_path / "w")
+    assert (res.status, res.median_s) == (Status.OK, 0.5)
+    assert not (tmp_path / "w" / "done").exists()  # no step was started
+
+
 @pytest.mark.multiproc
 def test_a_stop_file_keeps_a_step_from_starting(tmp_path):
     stop = tmp_path / "first.stop"

@@ -116,6 +116,8 @@ def run_steps(specs: list[TrialSpec], launch: Optional[StepLaunch], workdir: str
                 trial_id=spec.trial_id, status=Status.SKIPPED, world_size=spec.world_size,
                 error=f"not run: trial {broken.trial_id} left the allocation unusable")
             _write(spec, res)
+        elif _landed(spec) is not None:  # this job ran it before SLURM restarted the job
+            res = _landed(spec)
         elif _stop_reason(spec) is not None:  # early stop or Ctrl-C before it started
             res = TrialResult(trial_id=spec.trial_id, status=Status.PRUNED,
                               world_size=spec.world_size, error=_stop_reason(spec),
@@ -127,6 +129,17 @@ def run_steps(specs: list[TrialSpec], launch: Optional[StepLaunch], workdir: str
                 broken = res
         out.append(res)
     return out
+
+
+def _landed(spec: TrialSpec) -> Optional[TrialResult]:
+    """The trial's result when it is already there. The orchestrator removes a trial's
+    result file before it submits the trial, so one that exists was written by this very
+    job before SLURM requeued and restarted it: kept, never measured twice."""
+    try:
+        res = result_from_json(Path(spec.result_path).read_text()) if spec.result_path else None
+    except (OSError, ValueError):
+        return None
+    return res if res is not None and res.status is not Status.SKIPPED else None
 
 
 def run_step(spec: TrialSpec, launch: Optional[StepLaunch], folder: Path,
