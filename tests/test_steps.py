@@ -304,3 +304,28 @@ def test_the_driver_ends_an_srun_step_past_its_time_limit_and_goes_on(slurm_clus
     assert outcome[-1].state == dispatch.JobState.DONE, outcome[-1].error
     _check_hang_then_ok(outcome[-1].result)
     assert "SLURM step" in " ".join(outcome[-1].result[1].notes)
+
+
+@pytest.mark.slurm
+def test_a_step_slurm_cannot_start_gives_up_the_allocation(slurm_cluster, tmp_path):
+    """srun refuses the step (here: an argument it does not know): no rank ran, so the
+    trial fails as environment and the rest of the batch is not run (SKIPPED: requeued)."""
+    from test_sweep import wait_for as wait
+
+    cfg = ExecutorConfig.from_mapping({**DEFAULTS, "name": "slurm", "time_limit_min": 5,
+                                       "extra_srun": ["--no-such-srun-flag"]})
+    ex = dispatch.make_executor(cfg, world_size=2, gpus_per_node=2, folder=tmp_path / "jobs")
+    ex.update_parameters(gpus_per_node=None)  # the local cluster has no GPUs
+    dispatch.use_steps(ex, cfg)
+    launch = dispatch.step_launch(cfg, world_size=2, gpus_per_node=2)
+    specs = [make_spec(Layout(1, 2), trial_id=t, result_path=str(tmp_path / f"{t}.result.json"))
+             for t in ("first", "second")]
+    handle = dispatch.submit(ex, run_steps, specs, launch, str(tmp_path / "w"))
+    outcome = []
+    wait(lambda: outcome.append(dispatch.poll(handle)) or outcome[-1].finished,
+         timeout_s=300, what="the steps job to end")
+    assert outcome[-1].state == dispatch.JobState.DONE, outcome[-1].error
+    first, second = outcome[-1].result
+    assert (first.status, first.failure_class) == (Status.FAILED, FailureClass.ENVIRONMENT)
+    assert "no-such-srun-flag" in first.error
+    assert second.status == Status.SKIPPED

@@ -195,8 +195,10 @@ def _verdict(spec: TrialSpec, result: Path, folder: Path, timed_out: bool, limit
             res.failure_class = FailureClass.TIME_LIMIT
             res.error = (f"time limit: the step passed the driver's limit of {limit:.0f}s "
                          f"(runner time limit + {startup_s:.0f}s start-up) and was ended")
-        elif srun_err and not ranks_ran:  # SLURM could not run the step at all
-            res.failure_class, res.error = FailureClass.ENVIRONMENT, srun_err
+        elif srun_log is not None and not ranks_ran:  # SLURM could not start the step
+            res.failure_class = FailureClass.ENVIRONMENT
+            res.error = srun_err or _srun_said(srun_log) or "srun started none of the ranks"
+            res.log_path = str(srun_log)
         else:
             err = next(filter(None, (_log_error(p) for p in logs)), None) or srun_err
             res.error = err or "rank 0 wrote no result and its processes left no error"
@@ -213,6 +215,16 @@ def _log_error(log: Path) -> Optional[str]:
         return None
     found = [ln.strip() for ln in lines if _ERROR_LINE.match(ln.strip())]
     return first_error_line(found[-1]) if found else None
+
+
+def _srun_said(log: Path) -> Optional[str]:
+    """srun's first own line (``srun: unrecognized option ...``), else its first line."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    own = [ln for ln in lines if ln.startswith("srun:")]
+    return first_error_line((own or lines)[0]) if lines else None
 
 
 def _srun_error(log: Optional[Path]) -> Optional[str]:
