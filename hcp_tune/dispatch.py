@@ -20,6 +20,7 @@ import contextlib
 import enum
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,7 @@ import submitit
 from submitit.core.utils import JobPaths
 
 from hcp_tune.errors import ConfigError, one_line
+from hcp_tune.job.steps import StepLaunch  # what a steps batch's driver is handed
 from hcp_tune.settings import EXECUTOR_NAMES, ExecutorConfig  # the executor group, typed
 
 __all__ = ["EXECUTOR_NAMES", "ExecutorConfig"]  # re-exported: callers build it from here too
@@ -124,6 +126,29 @@ def make_executor(
         params["exclusive"] = True
     ex.update_parameters(**params)
     return ex
+
+
+def use_steps(executor: Any, cfg: ExecutorConfig) -> None:
+    """Make a SLURM executor from ``make_executor`` run a steps batch (``executor.batch``):
+    the same allocation, but its batch script runs the payload once, without srun
+    (submitit's ``use_srun=False``), and the payload starts each trial's ranks as a job
+    step (``step_launch`` says how). With a container image the driver runs outside the
+    container, so on this interpreter; the ranks run ``executor.python`` inside it."""
+    executor.update_parameters(use_srun=False)
+    if cfg.container_image:
+        executor.python = shlex.quote(sys.executable)
+
+
+def step_launch(cfg: ExecutorConfig, *, world_size: int, gpus_per_node: int) -> StepLaunch:
+    """How a steps batch's driver starts a trial of ``world_size`` ranks as an srun job
+    step: the nodes and tasks per node of ``make_executor``'s allocation, the python the
+    ranks run (``executor.python``, else this interpreter), ``executor.extra_srun`` and the
+    pyxis container (job.steps.srun_argv names it per allocation)."""
+    per_node = gpus_per_node if gpus_per_node > 0 else world_size
+    return StepLaunch(
+        nodes=math.ceil(world_size / per_node), tasks_per_node=min(world_size, per_node),
+        python=cfg.python or sys.executable, srun_args=tuple(cfg.extra_srun),
+        container_image=cfg.container_image, container_mounts=tuple(cfg.container_mounts))
 
 
 def scale_time_limit(executor: Any, cfg: ExecutorConfig, trials: int) -> None:

@@ -31,6 +31,7 @@ WORLD_MAX = 16384  # tp*cp*dp*pp GPUs planned (plan lists every rank group: stay
 Runner = Literal["auto", "attention", "model", "bridge", "attention+bridge"]
 RUNNERS: tuple[str, ...] = typing.get_args(Runner)
 ExecutorName = Literal["slurm", "local", "auto"]
+BatchMode = Literal["processes", "steps", "auto"]
 EXECUTOR_NAMES: tuple[str, ...] = typing.get_args(ExecutorName)
 # search.retry: none, every failure, or one label: a failure class or "invalid"
 RETRY_CHOICES = ("none", "failed", *(c.value for c in FailureClass), "invalid")
@@ -146,6 +147,10 @@ class ExecutorConfig:
     trials_per_job: int = _f(
         "trials one job runs in the same processes (one import, one world group, a "
         "layout's groups and proof reused); 1: every trial its own job", max=10000)
+    batch: BatchMode = _f(
+        "how a job runs its trials: processes (one process set for all, as trials_per_job "
+        "says) | steps (each trial in fresh processes, srun job steps of one allocation) | "
+        "auto (steps for runner=bridge, processes otherwise)")
     extra_sbatch: dict[str, Any] = _f(
         "more #SBATCH flags; they win over the above",
         expect="a mapping of sbatch flag names to scalar values, e.g. {reservation: bench}")

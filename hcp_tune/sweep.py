@@ -25,7 +25,7 @@ from hcp_tune import dispatch, sweep_plan
 from hcp_tune.config import SweepConfig
 # the jobs' payloads: defined on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.entry import merge_root_cause
-from hcp_tune.job.payload import slurm_batch_payload
+from hcp_tune.job.payload import slurm_batch_payload, steps_payload
 from hcp_tune.launch import local_batch_payload
 from hcp_tune.layout import Candidate
 from hcp_tune.noise import row_noise
@@ -229,6 +229,9 @@ class Sweeper:
         self.exec_cfg = dataclasses.replace(
             cfg.executor, folder=cfg.executor.folder or str(cfg.results_dir / "jobs"))
         self.executor_name = dispatch.resolve_executor_name(self.exec_cfg.name)
+        # executor.batch: a batch's trials in one process set, or each as its own step
+        batch = self.exec_cfg.batch
+        self.steps = batch == "steps" or (batch == "auto" and runner == "bridge")
         self.progress_dir = cfg.results_dir / "progress"
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         # CPU trials share this machine's cores: measured side by side they would rank the
@@ -337,11 +340,23 @@ class Sweeper:
                                         gpus_per_node=gpn if gpus else max(gpn, spec.world_size))
             if not gpus:
                 ex.update_parameters(gpus_per_node=None)
+        if self.steps and self.executor_name == "slurm":  # one driver; it runs srun steps
+            dispatch.use_steps(ex, self.exec_cfg)
         if trials > 1:  # executor.time_limit_min is per trial: a batch gets one per trial
             dispatch.scale_time_limit(ex, self.exec_cfg, trials)
         return ex
 
     def _args(self, specs: list[TrialSpec]) -> tuple:
+        if self.steps:  # executor.batch=steps: each trial its own process set (job.steps)
+            launch = None
+            if self.executor_name == "slurm":
+                gpn = self.cfg.cluster.gpus_per_node
+                cuda = self.cfg.cluster.device == "cuda"
+                launch = dispatch.step_launch(
+                    self.exec_cfg, world_size=specs[0].world_size,
+                    gpus_per_node=gpn if cuda and gpn else max(gpn, specs[0].world_size))
+            return (steps_payload, specs, launch,
+                    str(self.cfg.results_dir / "trials" / f"{specs[0].trial_id}.steps"))
         if self.executor_name == "local":  # the launcher's folder: rank logs, spec files
             return (local_batch_payload, specs,
                     str(self.cfg.results_dir / "trials" / specs[0].trial_id))
@@ -368,8 +383,10 @@ class Sweeper:
         the layouts first appear) so a layout's groups are built once and reused across
         sequence lengths."""
         world = self.queue[0].cand.tp * self.queue[0].cand.cp
-        # Bridge sets up its global state per pretrain run: one Bridge trial per job
-        limit = 1 if self.cfg.runner.name == "bridge" else self.exec_cfg.trials_per_job
+        # Bridge sets up its global state per pretrain run: in one process set, one Bridge
+        # trial per job; as steps (fresh processes each), trials_per_job of them
+        bridge_alone = self.cfg.runner.name == "bridge" and not self.steps
+        limit = 1 if bridge_alone else self.exec_cfg.trials_per_job
         picked: list[Work] = []
         taken: set[tuple] = set()  # (key, a2a): a repeat goes to another job, not this one
         for w in list(self.queue):

@@ -57,7 +57,7 @@ def test_blocker_really_blocks():
 def test_job_package_lists_only_allowed_imports():
     allowed = {"__future__", "ast", "dataclasses", "datetime", "importlib", "inspect", "json",
                "math", "os", "statistics",
-               "platform", "re", "resource", "socket", "subprocess", "sys", "threading", "time",
+               "platform", "re", "resource", "signal", "socket", "subprocess", "sys", "threading", "time",
                "typing",
                "pathlib", "logging", "packaging", "torch", "megatron", "transformer_engine", "submitit", "hcp_tune"}
     import ast

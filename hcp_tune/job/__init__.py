@@ -21,4 +21,5 @@ every module with those blocked. This file imports nothing.
   bridge_guard.py   HCPGuard: that proof as a drop-in callback for production runs
   bridge_runner.py  one Bridge trial: stack check, pretrain with the callbacks, result
   payload.py        what a SLURM job unpickles and runs (submitit's payload)
+  steps.py          executor.batch=steps: a batch as srun job steps (fresh processes each)
 """

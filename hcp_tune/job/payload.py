@@ -26,3 +26,12 @@ def slurm_batch_payload(specs: list[TrialSpec]) -> list[TrialResult]:
     from hcp_tune.job.entry import run_batch
 
     return run_batch(specs)
+
+
+def steps_payload(specs: list[TrialSpec], launch, workdir: str) -> list[TrialResult]:
+    """``executor.batch=steps``: the job's one driver process runs each trial as its own
+    process set (``launch``: a ``job.steps.StepLaunch`` for srun job steps; None: local
+    processes), in order, each result written to its ``result_path`` as its step ends."""
+    from hcp_tune.job.steps import run_steps
+
+    return run_steps(specs, launch, workdir)
