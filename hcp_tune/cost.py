@@ -48,20 +48,46 @@ def runner_step_s(runner: str, prediction: Any, layers: int) -> float:
     return prediction.step_time_s
 
 
-def trial_cost(cfg: Any, cand: Any, prediction: Any) -> TrialCost:
+def trials_per_job(setting: Any, queued: int, slots: int) -> int:
+    """How many trials the next job of a world size runs: ``executor.trials_per_job``, or
+    for ``auto`` that world size's ``queued`` trials spread evenly over the ``slots`` free
+    (1 on a CPU profile, whose trials must not share the cores; ``array_parallelism`` on
+    GPUs, which run side by side), at most ``AUTO_TRIALS_PER_JOB_MAX``."""
+    if setting != "auto":
+        return int(setting)
+    from hcp_tune.settings import AUTO_TRIALS_PER_JOB_MAX
+
+    return max(1, min(AUTO_TRIALS_PER_JOB_MAX, math.ceil(queued / max(1, slots))))
+
+
+def job_slots(cfg: Any) -> int:
+    """Jobs a sweep keeps running at once: 1 on a CPU profile (trials side by side would
+    rank the contention for the cores, not the layouts), ``array_parallelism`` on GPUs."""
+    return 1 if cfg.cluster.device == "cpu" else cfg.executor.array_parallelism
+
+
+def trial_cost(cfg: Any, cand: Any, prediction: Any, per_job: int = 1) -> TrialCost:
     """A trial of ``cand``: warm-up, measured and proof steps, plus its share of a job's
-    start-up (``executor.trials_per_job`` trials share one)."""
+    start-up (``per_job`` trials share one)."""
     step = runner_step_s(cfg.runner.name, prediction, cfg.model.layers)
     steps = cfg.runner.warmup_steps + cfg.runner.measure_steps + PROOF_STEPS
-    seconds = steps * step + JOB_START_S / cfg.executor.trials_per_job
+    seconds = steps * step + JOB_START_S / max(1, per_job)
     ranks = cand.groups.world_size
     per_node = cfg.cluster.gpus_per_node or ranks
     return TrialCost(seconds=seconds, ranks=ranks, nodes=max(1, math.ceil(ranks / per_node)))
 
 
 def costs_by_layout(cfg: Any, ordered: list[tuple[Any, Any]]) -> dict[tuple[int, int, int], TrialCost]:
-    """(tp, seq, a2a) -> TrialCost, from ``predict.ordering``'s (candidate, prediction)."""
-    return {(c.tp, c.seq, c.layout.a2a): trial_cost(cfg, c, p) for c, p in ordered}
+    """(tp, seq, a2a) -> TrialCost, from ``predict.ordering``'s (candidate, prediction);
+    a job's start-up is shared as ``executor.trials_per_job`` will pack the trials."""
+    per_world: dict[int, int] = {}
+    for c, _ in ordered:
+        per_world[c.tp * c.cp] = per_world.get(c.tp * c.cp, 0) + 1
+    slots, setting = job_slots(cfg), cfg.executor.trials_per_job
+    return {(c.tp, c.seq, c.layout.a2a): trial_cost(
+                cfg, c, p, trials_per_job(setting, per_world[c.tp * c.cp]
+                                          * cfg.search.repeats, slots))
+            for c, p in ordered}
 
 
 @dataclass(frozen=True)

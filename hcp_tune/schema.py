@@ -115,6 +115,16 @@ def _check_field(value: Any, tp: Any, key: str, meta: Mapping[str, Any]) -> Any:
             if typing.get_origin(tp) is tuple:  # its own line names the element and range
                 raise
             raise ConfigError(f"{key}={value!r}: expected null or {_expected(tp, meta)}") from None
+    words = [w for a in args if typing.get_origin(a) is typing.Literal
+             for w in typing.get_args(a)]
+    if origin is typing.Union and int in args and words:  # int | Literal["auto"]
+        if value in words:
+            return value
+        try:
+            return _check_field(value, int, key, meta)
+        except ConfigError:
+            raise ConfigError(f"{key}={value!r}: expected {' or '.join(map(str, words))}, "
+                              f"or {_expected(int, meta)}") from None
     if origin is typing.Union:  # str | list[str], values from meta["choices"]
         items = value if isinstance(value, list) else [value]
         choices = meta.get("choices")

@@ -32,6 +32,7 @@ Runner = Literal["auto", "attention", "model", "bridge", "attention+bridge"]
 RUNNERS: tuple[str, ...] = typing.get_args(Runner)
 ExecutorName = Literal["slurm", "local", "auto"]
 BatchMode = Literal["processes", "steps", "auto"]
+AUTO_TRIALS_PER_JOB_MAX = 32  # trials_per_job=auto: a crashed batch sends back at most this many
 EXECUTOR_NAMES: tuple[str, ...] = typing.get_args(ExecutorName)
 # search.retry: none, every failure, or one label: a failure class or "invalid"
 RETRY_CHOICES = ("none", "failed", *(c.value for c in FailureClass), "invalid")
@@ -144,9 +145,10 @@ class ExecutorConfig:
     mem_gb: Optional[float] = _f("null: the partition's default", expect="a number of GiB > 0")
     exclusive: bool = _f("whole nodes only: no other job shares the links a trial measures")
     array_parallelism: int = _f("most trials of one array running at once")
-    trials_per_job: int = _f(
-        "trials one job runs in the same processes (one import, one world group, a "
-        "layout's groups and proof reused); 1: every trial its own job", max=10000)
+    trials_per_job: Union[int, Literal["auto"]] = _f(
+        "trials one job runs (in one process set, or as steps of one allocation); 1: every "
+        "trial its own job; auto: a world size's queued trials spread evenly over the free "
+        f"slots, at most {AUTO_TRIALS_PER_JOB_MAX} per job", max=10000)
     batch: BatchMode = _f(
         "how a job runs its trials: processes (one process set for all, as trials_per_job "
         "says) | steps (each trial in fresh processes, srun job steps of one allocation) | "

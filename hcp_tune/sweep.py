@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hcp_tune import dispatch, sweep_plan
+from hcp_tune import cost, dispatch, sweep_plan
 from hcp_tune.config import SweepConfig
 # the jobs' payloads: defined on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.entry import merge_root_cause
@@ -236,7 +236,7 @@ class Sweeper:
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         # CPU trials share this machine's cores: measured side by side they would rank the
         # contention, not the layouts. GPU trials get their own nodes and run in parallel.
-        self.slots = 1 if cfg.cluster.device == "cpu" else self.exec_cfg.array_parallelism
+        self.slots = cost.job_slots(cfg)
         self.early_stop = cfg.search.early_stop
         storage = cfg.search.storage or str(cfg.results_dir / "optuna.journal")
         self.storage = tuner.open_storage(storage)
@@ -375,9 +375,10 @@ class Sweeper:
             "run the same command again to resume")
         self.queue.clear()
 
-    def _take_batch(self) -> list[Work]:
+    def _take_batch(self, free: int) -> list[Work]:
         """The next job's trials: up to ``trials_per_job`` queued trials of the first one's
-        world size, in queue order, within the budget, at most one per layout and key (a
+        world size (``auto``: its queued trials spread evenly over the ``free`` slots),
+        in queue order, within the budget, at most one per layout and key (a
         repeat runs in another job: another allocation, other processes, so repeats
         sample what varies between jobs), then grouped by layout (in the order
         the layouts first appear) so a layout's groups are built once and reused across
@@ -386,7 +387,9 @@ class Sweeper:
         # Bridge sets up its global state per pretrain run: in one process set, one Bridge
         # trial per job; as steps (fresh processes each), trials_per_job of them
         bridge_alone = self.cfg.runner.name == "bridge" and not self.steps
-        limit = 1 if bridge_alone else self.exec_cfg.trials_per_job
+        same_world = sum(w.cand.tp * w.cand.cp == world for w in self.queue)
+        limit = 1 if bridge_alone else cost.trials_per_job(
+            self.exec_cfg.trials_per_job, same_world, max(1, free))
         picked: list[Work] = []
         taken: set[tuple] = set()  # (key, a2a): a repeat goes to another job, not this one
         for w in list(self.queue):
@@ -394,12 +397,12 @@ class Sweeper:
                 break
             if w.cand.tp * w.cand.cp != world or (w.key, w.cand.layout.a2a) in taken:
                 continue
-            cost = self._cost(w)
-            if (self.budget is not None and cost is not None
-                    and self.spent_gpu_hours + cost.gpu_hours > self.budget):
-                self._stop_for_budget(cost)
+            price = self._cost(w)
+            if (self.budget is not None and price is not None
+                    and self.spent_gpu_hours + price.gpu_hours > self.budget):
+                self._stop_for_budget(price)
                 break
-            self.spent_gpu_hours += cost.gpu_hours if cost else 0.0
+            self.spent_gpu_hours += price.gpu_hours if price else 0.0
             self.queue.remove(w)
             picked.append(w)
             taken.add((w.key, w.cand.layout.a2a))
@@ -415,7 +418,7 @@ class Sweeper:
         batches: list[list[Member]] = []
         while free > 0 and self.queue:
             members = []
-            works = self._take_batch()
+            works = self._take_batch(free)
             if not works:
                 break  # the budget stopped it
             for work in works:

@@ -155,10 +155,10 @@ def test_local_and_slurm_executors_store_the_same_statuses_and_fields(slurm_clus
 @pytest.mark.multiproc
 def test_budget_stops_submitting_and_says_so(tmp_path):
     """Each tiny cp=2 trial is estimated at 2 ranks x (steps + 30 s start-up) ~ 0.0167
-    rank-hours: a budget of 0.02 lets one go out, not two."""
+    rank-hours with a job each: a budget of 0.02 lets one go out, not two."""
     res = tmp_path / "results"
     r = hcp("sweep", "cp=2", "seq=256", *TINY, "search.early_stop=false", "executor=local",
-            "search.budget_gpu_hours=0.02", f"results_dir={res}")
+            "executor.trials_per_job=1", "search.budget_gpu_hours=0.02", f"results_dir={res}")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "sweep: 2 trial(s) to run; estimate: 2 trial(s)," in r.stdout
     assert ("sweep: search.budget_gpu_hours=0.02: stopped submitting at an estimated 0.0167 "
