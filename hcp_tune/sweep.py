@@ -21,10 +21,9 @@ from typing import Any, Optional
 
 from hcp_tune import dispatch
 from hcp_tune.config import SweepConfig
-# the jobs' payloads: defined on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.entry import merge_root_cause
-from hcp_tune.job.payload import slurm_batch_payload
-from hcp_tune.launch import local_batch_payload
+# the jobs' one payload, both executors: on the job side, so a job imports none of the orchestrator
+from hcp_tune.job.payload import batch_payload
 from hcp_tune.layout import Candidate
 from hcp_tune.noise import row_noise
 from hcp_tune.plan import candidates
@@ -374,25 +373,15 @@ class Sweeper:
 
     # ---------------------------------------------------------------- submission
     def _executor(self, spec: TrialSpec, trials: int):
-        gpn = self.cfg.cluster.gpus_per_node
-        gpus = gpn if self.cfg.cluster.device == "cuda" else 0
-        if self.executor_name == "local":
-            ex = dispatch.make_executor(self.exec_cfg, world_size=1, gpus_per_node=gpus or 1,
-                                        tasks_per_node=1)
-        else:
-            ex = dispatch.make_executor(self.exec_cfg, world_size=spec.world_size,
-                                        gpus_per_node=gpn if gpus else max(gpn, spec.world_size))
-            if not gpus:
-                ex.update_parameters(gpus_per_node=None)
+        """The same job for both executors: one task per rank, GPUs only on a GPU profile."""
+        gpus = self.cfg.cluster.gpus_per_node if self.cfg.cluster.device == "cuda" else 0
+        ex = dispatch.make_executor(self.exec_cfg, world_size=spec.world_size, gpus_per_node=gpus)
         if trials > 1:  # executor.time_limit_min is per trial: a batch gets one per trial
             dispatch.scale_time_limit(ex, self.exec_cfg, trials)
         return ex
 
     def _args(self, specs: list[TrialSpec]) -> tuple:
-        if self.executor_name == "local":  # the launcher's folder: rank logs, spec files
-            return (local_batch_payload, specs,
-                    str(self.cfg.results_dir / "trials" / specs[0].trial_id))
-        return (slurm_batch_payload, specs)
+        return (batch_payload, specs)
 
     def _cost(self, work: Work) -> Any:
         return self.costs.get((work.cand.tp, work.cand.seq, work.cand.layout.a2a))
