@@ -512,7 +512,7 @@ class Sweeper:
 
     def _collect_landed(self, run: Running, finished: bool) -> None:
         """Results the job wrote so far. A FAILED one waits for the job's end, when the
-        launcher has merged a peer's root cause into it."""
+        peers' result files (a root cause, ``read_result``) are in."""
         for m in run.open():
             res = read_result(m.spec)
             if res is None or res.status is Status.SKIPPED:
@@ -529,7 +529,7 @@ class Sweeper:
         if isinstance(returned, TrialResult):
             returned = [returned]
         by_id = {r.trial_id: r for r in (returned or []) if isinstance(r, TrialResult)}
-        for m in run.open():  # the launcher's final results carry a peer's root cause
+        for m in run.open():  # read_result merges a peer's root cause
             res = read_result(m.spec) or by_id.get(m.spec.trial_id)
             if res is not None and res.status is not Status.SKIPPED:
                 self.record(run, m, res)
