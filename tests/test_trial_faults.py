@@ -105,3 +105,15 @@ def test_root_cause_names_silent_ranks_when_no_peer_has_its_own(tmp_path):
     assert res.error == ("DistBackendError: Connection closed by peer "
                          "(cause: ranks [1, 3] wrote no result; see their logs)")
     assert merge_root_cause(res, out, 4).error == res.error  # once
+
+
+def test_the_executors_time_limit_signal_is_a_time_limit_failure():
+    """Both executors signal rank 0 before their limit; submitit raises this in the trial."""
+    from submitit.core.utils import UncompletedJobError
+
+    from hcp_tune.job.entry import classify
+
+    cls, line = classify(UncompletedJobError(
+        "Job not requeued because: timed-out and not checkpointable."))
+    assert cls == FailureClass.TIME_LIMIT
+    assert line.startswith("time limit: executor.time_limit_min is about to pass (")

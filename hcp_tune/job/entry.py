@@ -57,6 +57,10 @@ def classify(exc: BaseException) -> tuple[FailureClass, str]:
     line = first_error_line(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, TimeLimitReached):
         return FailureClass.TIME_LIMIT, line
+    if type(exc).__name__ == "UncompletedJobError":  # submitit, on the executor's signal
+        # (SLURM's or the local controller's USR2 shortly before executor.time_limit_min)
+        return FailureClass.TIME_LIMIT, first_error_line(
+            f"time limit: executor.time_limit_min is about to pass ({line})")
     if isinstance(exc, (EnvironmentProblem, ImportError)):
         return FailureClass.ENVIRONMENT, line
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
