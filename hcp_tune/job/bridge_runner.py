@@ -104,13 +104,11 @@ def ported_flops(cfg, spec: TrialSpec) -> Optional[float]:
 def last_rank_log(world_size: int) -> Optional[Path]:
     """The last rank's log (Bridge prints its iteration lines there): in a submitit job
     (either executor) that task's stdout; else ``rank<N>.log`` beside ``HCP_TUNE_LOG``."""
-    folder = os.environ.get("SUBMITIT_FOLDER")
-    if folder:
-        from submitit.core.utils import JobPaths
+    from hcp_tune.job.dist import detect_env, task_paths
 
-        from hcp_tune.job.dist import detect_env
-
-        return JobPaths(folder, job_id=detect_env().job_id, task_id=world_size - 1).stdout
+    if os.environ.get("SUBMITIT_FOLDER"):
+        paths = task_paths(detect_env().job_id, world_size - 1)
+        return paths.stdout if paths else None
     mine = os.environ.get("HCP_TUNE_LOG")
     if not mine:
         return None

@@ -106,6 +106,17 @@ def _submitit():
     return submitit
 
 
+def task_paths(job_id: str | None, task: int):
+    """submitit's on-disk names (``JobPaths``: logs, result pickle) of one task of this job,
+    in the job folder (shared between nodes); None outside a submitit job."""
+    folder = os.environ.get("SUBMITIT_FOLDER")
+    if not folder or job_id is None:
+        return None
+    from submitit.core.utils import JobPaths
+
+    return JobPaths(folder, job_id=job_id, task_id=task)
+
+
 def detect_env(environ: dict | None = None) -> DistEnv:
     """This process's place in its job (see the module docstring for the order).
 

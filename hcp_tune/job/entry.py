@@ -502,23 +502,16 @@ def _share_cpus(env) -> None:
         sys.modules["torch"].set_num_threads(threads)
 
 
-def _task0_ended_marker(env) -> Optional[Path]:
-    """submitit's result file of task 0 (written when rank 0's payload returned or raised),
-    on the job folder, which is shared between nodes; None outside a submitit job."""
-    folder = os.environ.get("SUBMITIT_FOLDER")
-    if not folder or env.job_id is None:
-        return None
-    from submitit.core.utils import JobPaths
-
-    return JobPaths(folder, job_id=env.job_id, task_id=0).result_pickle
-
-
 def _end_with_rank0(env) -> None:
     """A peer (rank > 0) that is still running ``PEER_LINGER_S`` after rank 0's task ended is
-    hung (rank 0 has its results): it exits, so the job ends on either executor."""
-    marker = _task0_ended_marker(env)
-    if marker is None:
+    hung (rank 0 has its results): it exits, so the job ends on either executor. Rank 0's
+    end is submitit's result file of task 0 (written when its payload returned or raised)."""
+    from hcp_tune.job.dist import task_paths
+
+    task0 = task_paths(env.job_id, 0)
+    if task0 is None:
         return
+    marker = task0.result_pickle
 
     def watch() -> None:
         while not marker.exists():
