@@ -192,8 +192,9 @@ def cmd_trial(args: list[str]) -> int:
     workdir = cfg.results_dir / "trials" / f"manual-{cand.layout.a2a}x{cand.layout.p2p}-s{cand.seq}"
     spec = spec_for(cfg, cand, workdir.name, workdir)
     print(f"trial: {cand.layout.label} {cand.layout.comm_type} tp={cand.tp} seq={cand.seq} on "
-          f"{spec.world_size} local process(es); logs in {workdir}/", file=sys.stderr)
-    result = run_local(spec, workdir=workdir)
+          f"{spec.world_size} local process(es) (the local executor's job, as a sweep runs "
+          f"it); logs in {workdir}/jobs/", file=sys.stderr)
+    result = run_local(spec, workdir=workdir, executor=cfg.executor)
     print(json.dumps(json.loads(to_json(result)), indent=2))
     return EXIT_OK if result.status.value == "ok" else EXIT_FINDINGS
 

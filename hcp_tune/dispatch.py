@@ -20,6 +20,7 @@ import contextlib
 import enum
 import math
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -57,8 +58,10 @@ def make_executor(
     """A submitit executor for jobs of ``world_size`` ranks on nodes of ``gpus_per_node`` GPUs.
 
     SLURM: ``ceil(world_size / gpus_per_node)`` nodes of ``min(world_size, gpus_per_node)``
-    tasks. Local: one node; ``tasks_per_node`` defaults to ``world_size`` (one process per
-    rank, as on SLURM); pass 1 when the payload starts its own processes.
+    tasks. Local: one node of ``world_size`` tasks, one process per rank as on SLURM (the
+    sweep's trials run the same payload on both); its GPUs are the first ``gpus_per_node``
+    of those CUDA_VISIBLE_DEVICES already allows (submitit would renumber them from 0).
+    ``gpus_per_node=0``: no GPUs (a CPU profile).
     """
     if world_size < 1:
         raise ConfigError(f"world_size={world_size}: expected an integer >= 1")
@@ -79,12 +82,16 @@ def make_executor(
                 " one node; use executor=slurm or a smaller layout"
             )
         ex = submitit.LocalExecutor(folder=job_folder, python=cfg.python)
+        gpus = gpus_per_node if cfg.gpus_per_node is None else cfg.gpus_per_node
+        allowed = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        visible = [int(g) for g in allowed.split(",")] if re.fullmatch(r"\d+(,\d+)*", allowed) else []
         ex.update_parameters(
             timeout_min=cfg.time_limit_min,
             tasks_per_node=tasks_per_node or world_size,
-            gpus_per_node=gpus_per_node if cfg.gpus_per_node is None else cfg.gpus_per_node,
+            gpus_per_node=gpus,
             signal_delay_s=signal_delay_s,
             setup=list(cfg.setup),
+            **({"visible_gpus": visible} if len(visible) >= gpus > 0 else {}),
         )
         return ex
     if world_size > per_node and world_size % per_node:

@@ -1,13 +1,17 @@
-"""The local launcher: run a trial as N processes on this machine, without SLURM.
+"""Run trials on this machine and wait for them: the blocking form of the sweep's local path.
 
-``run_local(spec, workdir=...)`` starts ``spec.world_size`` processes of
-``python -m hcp_tune.job.entry`` with the variables the job reads (``HCP_TUNE_LAUNCHER=local``,
-RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT), waits for them,
-and returns rank 0's TrialResult. It never hangs and never raises for a trial failure: past
-the time limit every process is killed and a FAILED result (time_limit) comes back; a rank
-that dies without a result is classified from its log. Per-rank logs are
-``workdir/rank<r>.log``; the result's ``log_path`` points at rank 0's. It is a plain
-function of picklable arguments, so a submitit local executor can run it as its payload.
+``run_local_batch(specs, workdir=...)`` submits exactly what a local sweep submits, the job
+payload ``hcp_tune.job.payload.batch_payload`` under submitit's LocalExecutor with one task
+per rank (``dispatch.make_executor``), waits for the job, and reads each trial's result the
+way the sweep reads it (``sweep.read_result``: rank 0's file, a peer's root cause merged
+in; ``sweep.failed_from_job`` for a trial the job ended without). ``hcp-tune trial``,
+``scripts/gpu_check.sh`` and the tests use it. It never hangs and never raises for a trial
+failure: past ``timeout_s`` (default: the trials' time limits plus start-up) the job is
+cancelled, its processes end, and a trial without a result is FAILED (time_limit).
+
+Logs: ``workdir/jobs/<job id>/<job id>_<rank>_log.{out,err}`` (submitit's); a result's
+``log_path`` is rank 0's ``.err``, where tracebacks land. ``run_local_batch`` runs several
+specs of one world size in the same processes (a batch; see ``job.entry.run_batch``).
 
 Building a TrialSpec (the orchestrator's job; this module imports no torch)::
 
@@ -22,82 +26,72 @@ Building a TrialSpec (the orchestrator's job; this module imports no torch)::
         peak_tflops=cluster_peak_tflops,          # a faster measurement is invalid
     )
     result = run_local(spec, workdir="results/trials/tiny-cp4-2x2")
-
-``run_local_batch`` runs several specs of one world size in the same processes (groups
-torn down between trials), which saves the start-up (torch + Megatron-Core imports).
 """
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
+import dataclasses
+import math
 import time
 from pathlib import Path
 from typing import Optional
 
-# both import only the standard library at module level (torch is imported inside the job)
-from hcp_tune.job.dist import free_port
-from hcp_tune.job.entry import merge_root_cause, rank_out_path
+from hcp_tune import dispatch
+from hcp_tune.job.entry import rank_out_path
+from hcp_tune.job.payload import batch_payload
+from hcp_tune.settings import ExecutorConfig
 from hcp_tune.spec import (
-    FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, classify_error_text,
-    first_error_line, result_from_json, to_json,
+    FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, to_json,
 )
 
 STARTUP_S = 120.0  # imports (torch, Megatron-Core) and rendezvous on a loaded machine
-GRACE_S = 15.0  # after one rank died: time for the others to see it and write results
-RANK0_DONE_GRACE_S = 5.0  # after rank 0 exited: its result is in; others only add a cause
-POLL_S = 0.1
-_ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*")
+END_WAIT_S = 60.0  # after a cancel: the controller stops every task (SIGINT, then SIGKILL)
+POLL_S = 0.2
 
 
-def _project_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
+def default_executor() -> ExecutorConfig:
+    """The ``executor=local`` group's defaults (conf/executor/slurm.yaml, name local)."""
+    import yaml
+
+    from hcp_tune.config import CONF_DIR
+
+    data = yaml.safe_load((CONF_DIR / "executor" / "slurm.yaml").read_text())
+    return ExecutorConfig.from_mapping(dict(data, name="local"))
 
 
-def _log_error(log: Path) -> Optional[str]:
-    """The last exception line of a rank's log (Python prints the cause last)."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    found = [ln.strip() for ln in lines if _ERROR_LINE.match(ln.strip())]
-    return first_error_line(found[-1]) if found else None
-
-
-def _kill(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # its own session: the rank and its children
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        p.wait()
-
-
-def run_local(spec: TrialSpec, *, workdir: str | Path, timeout_s: Optional[float] = None
-              ) -> TrialResult:
+def run_local(spec: TrialSpec, *, workdir: str | Path, timeout_s: Optional[float] = None,
+              executor: Optional[ExecutorConfig] = None) -> TrialResult:
     """Run one trial as ``spec.world_size`` local processes; rank 0's result."""
-    return run_local_batch([spec], workdir=workdir, timeout_s=timeout_s)[0]
+    return run_local_batch([spec], workdir=workdir, timeout_s=timeout_s, executor=executor)[0]
 
 
-def local_payload(spec: TrialSpec, workdir: str) -> TrialResult:
-    """The local executor's job: one task that starts the trial's ranks as local processes.
-    (Here, not in the orchestrator's modules: a job imports what defines its payload.)"""
-    return run_local(spec, workdir=workdir)
+def _wait(handle: dispatch.JobHandle, deadline: float) -> Optional[dispatch.JobOutcome]:
+    """Poll until the job ended; None when ``deadline`` (monotonic) passed first."""
+    while True:
+        out = dispatch.poll(handle)
+        if out.finished:
+            return out
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(POLL_S)
 
 
-def local_batch_payload(specs: list[TrialSpec], workdir: str) -> list[TrialResult]:
-    """The local executor's batch job: the batch's ranks as local processes, each trial's
-    result written to its ``result_path`` the moment it ends (the job side does that)."""
-    return run_local_batch(specs, workdir=workdir)
+def _cancel(handle: dispatch.JobHandle) -> dispatch.JobOutcome:
+    dispatch.cancel([handle])
+    out = _wait(handle, time.monotonic() + END_WAIT_S)
+    return out or dispatch.JobOutcome(state=dispatch.JobState.CANCELLED)
 
 
 def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
-                    timeout_s: Optional[float] = None) -> list[TrialResult]:
-    """Run trials of one world size one after another in the same local processes."""
+                    timeout_s: Optional[float] = None,
+                    executor: Optional[ExecutorConfig] = None) -> list[TrialResult]:
+    """Run trials of one world size one after another in the same local processes.
+
+    ``executor``: the ``executor`` group to take ``setup`` and ``python`` from (its name,
+    folder and time limit are set here); default: the local executor's defaults. A spec
+    without ``result_path`` gets ``workdir/<trial_id>.result.json``.
+    """
+    from hcp_tune.sweep import failed_from_job, read_result  # the sweep's own reading
+
     if not specs:
         raise ValueError("run_local_batch: no specs given")
     sizes = {s.world_size for s in specs}
@@ -107,77 +101,46 @@ def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
     world = sizes.pop()
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    args, outs = [], []
-    for spec in specs:
-        spec_path = workdir / f"{spec.trial_id}.spec.json"
-        out = Path(spec.result_path) if spec.result_path else workdir / f"{spec.trial_id}.result.json"
-        atomic_write_text(str(spec_path), to_json(spec))
+    specs = [s if s.result_path else dataclasses.replace(
+        s, result_path=str(workdir / f"{s.trial_id}.result.json")) for s in specs]
+    for s in specs:  # a result from an earlier run must not pass for this one's
         for r in range(world):
-            rank_out_path(out, r).unlink(missing_ok=True)
-        args += [str(spec_path), str(out)]
-        outs.append(out)
+            rank_out_path(Path(s.result_path), r).unlink(missing_ok=True)
     limit = timeout_s if timeout_s is not None else sum(s.time_limit_s for s in specs) + STARTUP_S
-    port = free_port()
-    base = dict(os.environ)
-    base.update(HCP_TUNE_LAUNCHER="local", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                WORLD_SIZE=str(world), HCP_TUNE_JOB_ID=f"local-{port}")
-    base["PYTHONPATH"] = os.pathsep.join(filter(None, [_project_root(), base.get("PYTHONPATH")]))
-    base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
-    procs, logs = [], []
+    cfg = dataclasses.replace(
+        executor or default_executor(), name="local", folder=str(workdir / "jobs"),
+        # the executor's own limit is the backstop behind ours
+        time_limit_min=math.ceil((limit + END_WAIT_S) / 60))
+    gpus = 0 if specs[0].device == "cpu" else world
+    ex = dispatch.make_executor(cfg, world_size=world, gpus_per_node=gpus)
     start = time.monotonic()
-    for r in range(world):
-        log = workdir / f"rank{r}.log"
-        logs.append(log)
-        env = dict(base, RANK=str(r), LOCAL_RANK=str(r), HCP_TUNE_LOG=str(log))
-        with open(log, "w") as fh:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "hcp_tune.job.entry", *args], stdout=fh,
-                stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True))
-    deadline = start + limit
-    shortened = False  # the deadline was cut because a rank died or rank 0 finished
-    timed_out = False
-    comm_timeout = max(s.comm_timeout_s for s in specs)
-    while any(p.poll() is None for p in procs):
-        now = time.monotonic()
-        if now > deadline:
-            timed_out = True
-            break
-        if any(p.returncode not in (None, 0) for p in procs) and not shortened:
-            # one died: the rest get the comm timeout to notice it and write their results
-            deadline, shortened = min(deadline, now + comm_timeout + GRACE_S), True
-        if procs[0].returncode is not None:  # rank 0 is done: don't wait on a hung rank
-            deadline, shortened = min(deadline, now + RANK0_DONE_GRACE_S), True
-        time.sleep(POLL_S)
-    _kill(procs)
+    handle = dispatch.submit(ex, batch_payload, specs)
+    try:
+        out = _wait(handle, start + limit)
+    except BaseException:  # Ctrl-C: the job's processes end with us
+        _cancel(handle)
+        raise
+    timed_out = out is None
+    if timed_out:
+        out = _cancel(handle)
     wall = time.monotonic() - start
-    codes = [p.returncode for p in procs]
-    return [_collect(spec, out, world, logs, codes, timed_out and not shortened, limit, wall)
-            for spec, out in zip(specs, outs)]
-
-
-def _collect(spec, out, world, logs, codes, timed_out, limit, wall) -> TrialResult:
-    per_rank = {}
-    for r in range(world):
-        path = rank_out_path(out, r)
-        if path.exists():
-            per_rank[r] = result_from_json(path.read_text())
-    res = per_rank.get(0)
-    if res is not None:
-        merge_root_cause(res, out, world)
-        dead = [r for r in range(world) if r not in per_rank]
-        if dead and res.status == Status.FAILED:
-            res.error = f"{res.error}; ranks {dead} exited with codes {[codes[r] for r in dead]}"
-    else:
-        res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, world_size=world)
-        if timed_out:
-            res.failure_class = FailureClass.TIME_LIMIT
-            res.error = (f"time limit: the launcher's limit of {limit:.0f}s passed; "
-                         f"killed {world} processes (see {logs[0]})")
-        else:
-            err = _log_error(logs[0]) or next(filter(None, (_log_error(l) for l in logs)), None)
-            res.error = err or f"rank 0 wrote no result; exit codes {codes}"
-            res.failure_class = classify_error_text(res.error)
-    res.log_path = str(logs[0])
-    res.wall_s = res.wall_s if res.wall_s is not None else wall
-    atomic_write_text(str(out), to_json(res))
-    return res
+    returned = out.result if out.state == dispatch.JobState.DONE else None
+    by_id = {r.trial_id: r for r in (returned or []) if isinstance(r, TrialResult)}
+    log = str(dispatch.job_paths(handle)[1])
+    results = []
+    for s in specs:
+        res = read_result(s) or by_id.get(s.trial_id)
+        if res is None and timed_out:
+            res = TrialResult(
+                trial_id=s.trial_id, status=Status.FAILED, world_size=world,
+                failure_class=FailureClass.TIME_LIMIT,
+                error=(f"time limit: {limit:.0f}s passed before the trial ended; cancelled "
+                       f"job {handle.job_id} and its {world} processes (see {log})"))
+        elif res is None:
+            res = failed_from_job(s, out)
+        res.job_id = res.job_id or handle.job_id
+        res.log_path = res.log_path or log
+        res.wall_s = res.wall_s if res.wall_s is not None else wall
+        atomic_write_text(s.result_path, to_json(res))
+        results.append(res)
+    return results

@@ -23,10 +23,9 @@ from typing import Any, Optional
 
 from hcp_tune import cost, dispatch, sweep_plan
 from hcp_tune.config import SweepConfig
-# the jobs' payloads: defined on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.entry import merge_root_cause
-from hcp_tune.job.payload import slurm_batch_payload, steps_payload
-from hcp_tune.launch import local_batch_payload
+# the jobs' payloads, both executors: on the job side, so a job imports none of the orchestrator
+from hcp_tune.job.payload import batch_payload, steps_payload
 from hcp_tune.layout import Candidate
 from hcp_tune.noise import row_noise
 from hcp_tune.sweep_plan import SweepPlan, failure_label, kept_by_key, plan_sweep
@@ -330,16 +329,12 @@ class Sweeper:
 
     # ---------------------------------------------------------------- submission
     def _executor(self, spec: TrialSpec, trials: int):
-        gpn = self.cfg.cluster.gpus_per_node
-        gpus = gpn if self.cfg.cluster.device == "cuda" else 0
-        if self.executor_name == "local":
-            ex = dispatch.make_executor(self.exec_cfg, world_size=1, gpus_per_node=gpus or 1,
-                                        tasks_per_node=1)
-        else:
-            ex = dispatch.make_executor(self.exec_cfg, world_size=spec.world_size,
-                                        gpus_per_node=gpn if gpus else max(gpn, spec.world_size))
-            if not gpus:
-                ex.update_parameters(gpus_per_node=None)
+        """The same job for both executors: one task per rank, GPUs only on a GPU profile;
+        a steps batch runs one driver task (it starts each trial's ranks itself)."""
+        gpus = self.cfg.cluster.gpus_per_node if self.cfg.cluster.device == "cuda" else 0
+        ex = dispatch.make_executor(self.exec_cfg, world_size=spec.world_size, gpus_per_node=gpus,
+                                    tasks_per_node=1 if self.steps and self.executor_name == "local"
+                                    else None)
         if self.steps and self.executor_name == "slurm":  # one driver; it runs srun steps
             dispatch.use_steps(ex, self.exec_cfg)
         if trials > 1:  # executor.time_limit_min is per trial: a batch gets one per trial
@@ -350,17 +345,13 @@ class Sweeper:
         if self.steps:  # executor.batch=steps: each trial its own process set (job.steps)
             launch = None
             if self.executor_name == "slurm":
-                gpn = self.cfg.cluster.gpus_per_node
                 cuda = self.cfg.cluster.device == "cuda"
                 launch = dispatch.step_launch(
                     self.exec_cfg, world_size=specs[0].world_size,
-                    gpus_per_node=gpn if cuda and gpn else max(gpn, specs[0].world_size))
+                    gpus_per_node=self.cfg.cluster.gpus_per_node if cuda else 0)
             return (steps_payload, specs, launch,
                     str(self.cfg.results_dir / "trials" / f"{specs[0].trial_id}.steps"))
-        if self.executor_name == "local":  # the launcher's folder: rank logs, spec files
-            return (local_batch_payload, specs,
-                    str(self.cfg.results_dir / "trials" / specs[0].trial_id))
-        return (slurm_batch_payload, specs)
+        return (batch_payload, specs)
 
     def _cost(self, work: Work) -> Any:
         return self.costs.get((work.cand.tp, work.cand.seq, work.cand.layout.a2a))
@@ -496,7 +487,7 @@ class Sweeper:
 
     def _collect_landed(self, run: Running, finished: bool) -> None:
         """Results the job wrote so far. A FAILED one waits for the job's end, when the
-        launcher has merged a peer's root cause into it."""
+        peers' result files (a root cause, ``read_result``) are in."""
         for m in run.open():
             res = read_result(m.spec)
             if res is None or res.status is Status.SKIPPED:
@@ -513,7 +504,7 @@ class Sweeper:
         if isinstance(returned, TrialResult):
             returned = [returned]
         by_id = {r.trial_id: r for r in (returned or []) if isinstance(r, TrialResult)}
-        for m in run.open():  # the launcher's final results carry a peer's root cause
+        for m in run.open():  # read_result merges a peer's root cause
             res = read_result(m.spec) or by_id.get(m.spec.trial_id)
             if res is not None and res.status is not Status.SKIPPED:
                 self.record(run, m, res)

@@ -28,7 +28,8 @@ def test_cpu_mode_prints_one_passing_verdict_per_layout_from_another_folder(tmp_
     assert [LINE.match(ln).group(1, 2) for ln in verdicts] == [("4", "1"), ("2", "2"),
                                                                ("1", "4")], verdicts
     assert out[-1] == "gpu-check: 3/3 layouts pass"
-    assert (tmp_path / "logs" / "rank0.log").exists()  # --workdir, relative to the caller
+    # --workdir, relative to the caller: the local executor's job folder, rank 0's log
+    assert list((tmp_path / "logs" / "jobs").glob("*/*_0_log.err"))
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path):

@@ -3,7 +3,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_MODULES = ["dist", "groups", "ref_attention", "te_attention", "verify", "bench", "entry",
@@ -55,7 +54,7 @@ def test_blocker_really_blocks():
 
 
 def test_job_package_lists_only_allowed_imports():
-    allowed = {"__future__", "ast", "dataclasses", "datetime", "importlib", "inspect", "json",
+    allowed = {"__future__", "ast", "atexit", "dataclasses", "datetime", "importlib", "inspect", "json",
                "math", "os", "statistics",
                "platform", "re", "resource", "signal", "socket", "subprocess", "sys", "threading", "time",
                "typing",
@@ -133,21 +132,11 @@ def test_sitecustomize_blocker_reaches_a_fresh_interpreter(tmp_path):
     assert proc.returncode != 0 and "import of optuna halted" in proc.stderr
 
 
-def test_slurm_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path):
-    from hcp_tune.sweep import slurm_batch_payload  # what the sweep pickles
+def test_job_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path):
+    """The one payload of both executors; every rank of a job is a task that runs it."""
+    from hcp_tune.sweep import batch_payload  # what the sweep pickles
 
-    assert slurm_batch_payload.__module__.startswith("hcp_tune.job.")
-    proc = _run_pickled_payload(tmp_path, slurm_batch_payload, [_payload_spec(1, 1, "one-rank")])
+    assert batch_payload.__module__.startswith("hcp_tune.job.")
+    proc = _run_pickled_payload(tmp_path, batch_payload, [_payload_spec(1, 1, "one-rank")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "payload ran: ok" in proc.stdout, proc.stdout + proc.stderr[-2000:]
-
-
-@pytest.mark.multiproc
-def test_local_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path):
-    from hcp_tune.sweep import local_batch_payload  # what the sweep pickles
-
-    spec = _payload_spec(1, 2, "two-ranks")
-    proc = _run_pickled_payload(tmp_path, local_batch_payload, [spec], str(tmp_path / "trial"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "payload ran: ok" in proc.stdout, (
-        proc.stdout + proc.stderr[-2000:] + (tmp_path / "trial" / "rank0.log").read_text()[-2000:])

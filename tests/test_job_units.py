@@ -11,11 +11,18 @@ from hcp_tune.job.te_attention import te_min_version_ok, te_unavailable_reason
 from hcp_tune.spec import FailureClass, Status, TrialSpec
 
 
-def test_local_launcher_env_is_read():
-    env = jdist.detect_env({"HCP_TUNE_LAUNCHER": "local", "RANK": "3", "LOCAL_RANK": "3",
-                            "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "2950"})
-    assert (env.source, env.rank, env.local_rank, env.world_size, env.master_port) == \
-        ("local", 3, 3, 4, 2950)
+def test_submitit_local_env_is_read(monkeypatch):
+    """The local executor's tasks: rank and world from submitit's JobEnvironment, loopback
+    master, the port derived from the job id (the controller's pid) like a SLURM job's."""
+    for k, v in {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "2950",
+                 "SUBMITIT_LOCAL_NTASKS": "4", "SUBMITIT_LOCAL_GLOBALID": "3",
+                 "SUBMITIT_LOCAL_LOCALID": "3", "SUBMITIT_LOCAL_NODEID": "0",
+                 "SUBMITIT_LOCAL_JOB_NUM_NODES": "1"}.items():
+        monkeypatch.setenv(k, v)
+    env = jdist.detect_env()
+    assert (env.source, env.rank, env.local_rank, env.world_size, env.job_id) == \
+        ("local", 3, 3, 4, "2950")
+    assert (env.master_addr, env.master_port) == ("127.0.0.1", jdist.job_port("2950"))
 
 
 def test_torchrun_env_is_read():
@@ -29,17 +36,17 @@ def test_slurm_env_is_read_through_submitit(monkeypatch):
                  "SLURM_NTASKS": "16", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
                  "SLURM_JOB_NODELIST": "gpu[07-08]"}.items():
         monkeypatch.setenv(k, v)
-    for k in ("RANK", "WORLD_SIZE", "HCP_TUNE_LAUNCHER", "SUBMITIT_EXECUTOR"):
+    for k in ("RANK", "WORLD_SIZE", "SUBMITIT_EXECUTOR"):
         monkeypatch.delenv(k, raising=False)
     env = jdist.detect_env()
     assert (env.source, env.rank, env.local_rank, env.world_size) == ("slurm", 9, 1, 16)
     assert env.master_addr == "gpu07" and env.hosts == ("gpu07", "gpu08")
-    assert env.master_port == jdist.slurm_port("4242") == 20000 + 4242
+    assert env.master_port == jdist.job_port("4242") == 20000 + 4242
 
 
-def test_slurm_port_is_derived_from_the_job_id_alike_for_array_jobs():
-    assert jdist.slurm_port("123_4") == 20000 + 1234
-    assert 20000 <= jdist.slurm_port("987654321") < 40000
+def test_job_port_is_derived_from_the_job_id_alike_for_array_jobs():
+    assert jdist.job_port("123_4") == 20000 + 1234
+    assert 20000 <= jdist.job_port("987654321") < 32000  # below the ephemeral ports
 
 
 def test_no_launcher_is_a_single_process():
@@ -152,3 +159,30 @@ def test_gpu_profile_trial_on_a_node_without_cuda_is_an_environment_failure():
         choose_backend(spec, None)
     assert classify(err.value)[0] is FailureClass.ENVIRONMENT
     assert choose_backend(make_spec(Layout(2, 2), device="cpu"), None).name == "torch"
+
+
+def test_ranks_on_a_node_share_its_cores(monkeypatch):
+    import os
+
+    from hcp_tune.job import entry
+    from hcp_tune.job.dist import DistEnv
+
+    import sys
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # this process's torch: untouched
+
+    def threads(source, world, hosts, **environ):
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+        for k, v in environ.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+        entry._share_cpus(DistEnv(0, 0, world, "127.0.0.1", 1, source, hosts))
+        return os.environ.get("OMP_NUM_THREADS")
+
+    assert threads("slurm", 4, ("n1",)) == "2"  # 4 ranks on one 8-core node
+    assert threads("slurm", 4, ("n1", "n2")) == "4"  # 2 ranks per node
+    assert threads("local", 16, ("h",)) == "1"  # never 0
+    assert threads("slurm", 4, ("n1",), SLURM_CPUS_PER_TASK="3") == "3"  # SLURM's own say
+    assert threads("slurm", 4, ("n1",), OMP_NUM_THREADS="5") == "5"  # the user's wins
+    assert threads("single", 1, ()) is None  # one process: torch's own default

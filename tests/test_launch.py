@@ -1,4 +1,5 @@
-"""The local launcher's own contract (orchestrator side): no torch, argument checks."""
+"""The blocking local path (`launch.run_local_batch`, orchestrator side): no torch, argument
+checks, and the job it submits is the sweep's."""
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,29 @@ def test_batch_of_mixed_world_sizes_is_rejected_with_the_sizes(tmp_path):
 def test_empty_batch_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="no specs given"):
         run_local_batch([], workdir=tmp_path)
+
+
+def test_local_executor_runs_one_task_per_rank_on_the_allowed_gpus(tmp_path, monkeypatch):
+    """The sweep's local job has the SLURM job's shape: every rank its own submitit task."""
+    import dataclasses
+
+    from hcp_tune import dispatch
+    from hcp_tune.launch import default_executor
+
+    cfg = dataclasses.replace(default_executor(), folder=str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    ex = dispatch.make_executor(cfg, world_size=4, gpus_per_node=4)
+    assert (ex.parameters["tasks_per_node"], ex.parameters["visible_gpus"]) == (4, [4, 5, 6, 7])
+    ex = dispatch.make_executor(cfg, world_size=2, gpus_per_node=0)  # a CPU profile
+    assert (ex.parameters["tasks_per_node"], ex.parameters["gpus_per_node"]) == (2, 0)
+
+
+def test_sweep_hands_both_executors_the_same_payload():
+    from hcp_tune.job.payload import batch_payload
+    from hcp_tune.sweep import Sweeper
+
+    specs = [make_spec(Layout(1, 2))]
+    for name in ("local", "slurm"):
+        sweeper = Sweeper.__new__(Sweeper)
+        sweeper.executor_name = name
+        assert sweeper._args(specs) == (batch_payload, specs)

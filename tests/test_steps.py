@@ -124,7 +124,7 @@ def test_auto_runs_bridge_as_steps_and_batches_it(tmp_path, runner, batch, steps
     assert sweeper.steps is steps
     sweeper.plan()
     assert len(sweeper.queue) == 4
-    assert len(sweeper._take_batch()) == per_job
+    assert len(sweeper._take_batch(free=1)) == per_job
 
 
 # ---------------------------------------------------------------- the driver, local steps
@@ -349,3 +349,15 @@ def test_a_broken_allocation_loses_nothing_and_the_next_run_measures_the_rest(
     assert r.returncode == 0, r.stdout + r.stderr
     ok = [x for x in rows(res) if x["status"] == "ok"]
     assert sorted(x["a2a"] for x in ok) == [1, 2] and len({x["job_id"] for x in ok}) == 1
+
+
+def test_a_local_steps_batch_measures_every_rank_in_its_place(tmp_path):
+    """executor=local, batch=steps: the driver is one submitit task; the ranks it starts
+    must not read its submitit variables (rank 0 of 1) but their own."""
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "seq=[256,512]", *STEPS, "executor=local", f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(res)
+    assert _per_layout(got) == {(s, a): 1 for s in (256, 512) for a in (1, 2)}
+    assert {(x["status"], x["verified"]) for x in got} == {("ok", True)}
+    assert len({x["job_id"] for x in got}) == 1  # one driver ran the four trials

@@ -1,11 +1,17 @@
 """Failures are results: the planted silent CP-off, missing HCP groups, a raised error, a
-rank lost mid-trial, the job's time limit and the launcher's backstop."""
+rank lost mid-trial, a hung rank, the job's time limit and the wait's backstop. The
+multi-process ones run the sweep's local path (``launch.run_local``: the job payload under
+submitit's LocalExecutor, one task per rank)."""
+import time
+from pathlib import Path
+
 import pytest
 
 from conftest import make_spec
+from hcp_tune.job.entry import merge_root_cause, rank_out_path
 from hcp_tune.launch import run_local
 from hcp_tune.layout import Layout
-from hcp_tune.spec import FailureClass, Status
+from hcp_tune.spec import FailureClass, Status, TrialResult, to_json
 
 
 def _planted(batch, fault):
@@ -38,7 +44,7 @@ def test_raised_error_is_failed_with_its_first_line(batch):
     res = _planted(batch, "raise")
     assert res.status == Status.FAILED and res.failure_class == FailureClass.UNKNOWN
     assert res.error == "RuntimeError: injected fault (tests only): raise"
-    assert res.log_path.endswith("rank0.log")
+    assert res.log_path.endswith("_0_log.err")  # rank 0's log in the job's folder
 
 
 @pytest.mark.multiproc
@@ -60,15 +66,16 @@ def test_rank_killed_mid_trial_ends_as_comm_failure(tmp_path):
     spec = make_spec(Layout(1, 2), inject_fault="kill_rank", comm_timeout_s=20.0)
     res = run_local(spec, workdir=tmp_path, timeout_s=180)  # the backstop, far above 20 s
     assert res.status == Status.FAILED and res.failure_class == FailureClass.COMM, res.error
-    assert "ranks [1] exited with codes [17]" in res.error
+    assert res.error.endswith("(cause: ranks [1] wrote no result; see their logs)"), res.error
     assert "numerics" in res.verification  # it died after the proof, in the timed steps
 
 
-def test_launcher_backstop_kills_processes_past_its_limit(tmp_path):
+def test_backstop_cancels_the_job_past_its_limit(tmp_path):
     spec = make_spec(Layout(1, 2))
     res = run_local(spec, workdir=tmp_path, timeout_s=0.5)  # shorter than interpreter start-up
     assert res.status == Status.FAILED and res.failure_class == FailureClass.TIME_LIMIT
-    assert res.error.startswith("time limit: the launcher's limit of 0s passed; killed 2 processes")
+    assert res.error.startswith("time limit: 0s passed before the trial ended; cancelled job ")
+    assert " and its 2 processes (see " in res.error
 
 
 @pytest.mark.multiproc
@@ -78,3 +85,35 @@ def test_hung_rank_ends_the_others_by_the_comm_timeout(tmp_path):
     res = run_local(spec, workdir=tmp_path, timeout_s=180)  # the backstop, far above 5 s
     assert res.status == Status.FAILED and res.failure_class == FailureClass.COMM, res.error
     assert "timed out" in res.error.lower() or "timeout" in res.error.lower(), res.error
+    # the hung rank ends itself once rank 0's task has ended (no executor kills it sooner)
+    peer_log = Path(res.log_path.replace("_0_log.err", "_1_log.err"))
+    deadline = time.monotonic() + 120
+    while "after rank 0's task ended: exiting" not in peer_log.read_text():
+        assert time.monotonic() < deadline, peer_log.read_text()[-2000:]
+        time.sleep(0.5)
+
+
+def _failed(error, cls=FailureClass.COMM):
+    return TrialResult(trial_id="t", status=Status.FAILED, failure_class=cls, error=error)
+
+
+def test_root_cause_names_silent_ranks_when_no_peer_has_its_own(tmp_path):
+    out = tmp_path / "t.result.json"
+    out.write_text(to_json(_failed("DistBackendError: Connection closed by peer")))
+    rank_out_path(out, 2).write_text(to_json(_failed("DistBackendError: timed out")))
+    res = merge_root_cause(_failed("DistBackendError: Connection closed by peer"), out, 4)
+    assert res.error == ("DistBackendError: Connection closed by peer "
+                         "(cause: ranks [1, 3] wrote no result; see their logs)")
+    assert merge_root_cause(res, out, 4).error == res.error  # once
+
+
+def test_the_executors_time_limit_signal_is_a_time_limit_failure():
+    """Both executors signal rank 0 before their limit; submitit raises this in the trial."""
+    from submitit.core.utils import UncompletedJobError
+
+    from hcp_tune.job.entry import classify
+
+    cls, line = classify(UncompletedJobError(
+        "Job not requeued because: timed-out and not checkpointable."))
+    assert cls == FailureClass.TIME_LIMIT
+    assert line.startswith("time limit: executor.time_limit_min is about to pass (")

@@ -102,8 +102,13 @@ def ported_flops(cfg, spec: TrialSpec) -> Optional[float]:
 
 
 def last_rank_log(world_size: int) -> Optional[Path]:
-    """The last rank's log (Bridge prints its iteration lines there): the local launcher's
-    ``rank<N>.log`` beside ours."""
+    """The last rank's log (Bridge prints its iteration lines there): in a submitit job
+    (either executor) that task's stdout; else ``rank<N>.log`` beside ``HCP_TUNE_LOG``."""
+    from hcp_tune.job.dist import detect_env, task_paths
+
+    if os.environ.get("SUBMITIT_FOLDER"):
+        paths = task_paths(detect_env().job_id, world_size - 1)
+        return paths.stdout if paths else None
     mine = os.environ.get("HCP_TUNE_LOG")
     if not mine:
         return None

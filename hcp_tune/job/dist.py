@@ -1,21 +1,24 @@
 """Distributed start and stop for one job: where rank, world size and master come from, and
 the world process group (nccl on CUDA, gloo on CPU) with a timeout.
 
-Three launchers are recognised, in this order:
+One source for both of hcp-tune's executors: submitit's ``JobEnvironment`` (the job was
+started by submitit, locally or on SLURM, so it is importable). It gives the global rank,
+local rank, task count, host names and job id (``SUBMITIT_LOCAL_*`` variables under the
+local executor, ``SLURM_*`` under SLURM); the master is the first host (loopback for a
+local job) and the port is derived from the job id, so every task agrees on it without
+talking. Recognised in this order:
 
-- ``local``: the project's own launcher (``hcp_tune.launch.run_local``) sets
-  ``HCP_TUNE_LAUNCHER=local`` beside RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
-- ``torchrun``: TORCHELASTIC_RUN_ID (or LOCAL_RANK) with RANK, WORLD_SIZE, MASTER_*;
-- ``slurm``: SLURM_JOB_ID and SLURM_PROCID; read through submitit's JobEnvironment (the
-  job was started by submitit, so it is importable): global rank, local rank, task count,
-  the first host as master and a port derived from the job id, so every task agrees on it
-  without talking.
+- ``submitit``: SUBMITIT_EXECUTOR is set (``local`` or ``slurm``); ``source`` is its name;
+- ``torchrun``: TORCHELASTIC_RUN_ID (or LOCAL_RANK) with RANK, WORLD_SIZE, MASTER_*
+  (``python -m hcp_tune.job.entry`` started by hand);
+- ``slurm``: a plain srun task (SLURM_JOB_ID and SLURM_PROCID), read by submitit's SLURM
+  parser.
 
 Anything else is a single process (world size 1).
 
 The timeout matters: a rank that dies must not leave the others waiting forever. With gloo
 a dead peer usually closes its sockets and the survivors fail at once; a hung peer is
-caught by the timeout. The launcher's own time limit is the backstop.
+caught by the timeout. The executor's time limit is the backstop.
 """
 from __future__ import annotations
 
@@ -25,9 +28,8 @@ import re
 import socket
 from dataclasses import dataclass
 
-LAUNCHER_VAR = "HCP_TUNE_LAUNCHER"
-SLURM_PORT_BASE = 20000  # ports 20000..39999: above the usual services, below ephemeral
-SLURM_PORT_SPAN = 20000
+JOB_PORT_BASE = 20000  # ports 20000..31999: above the usual services, below Linux's
+JOB_PORT_SPAN = 12000  # ephemeral range (32768..), where outgoing connections take ports
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class DistEnv:
     world_size: int
     master_addr: str
     master_port: int
-    source: str  # local | torchrun | slurm | single
+    source: str  # local | slurm (submitit's executor) | torchrun | single
     hosts: tuple[str, ...] = ()
     job_id: str | None = None
 
@@ -51,10 +53,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def slurm_port(job_id: str) -> int:
-    """A port every task of one SLURM job derives alike from the job id."""
+def job_port(job_id: str) -> int:
+    """A port every task of one job derives alike from the job id (SLURM's, or a local
+    job's controller pid; array jobs ``123_4`` use all their digits)."""
     digits = re.sub(r"\D", "", str(job_id)) or "0"
-    return SLURM_PORT_BASE + int(digits) % SLURM_PORT_SPAN
+    return JOB_PORT_BASE + int(digits) % JOB_PORT_SPAN
 
 
 def _int(env: dict, key: str, default: int | None = None) -> int:
@@ -74,11 +77,25 @@ def _from_vars(env: dict, source: str) -> DistEnv:
         master_port=_int(env, "MASTER_PORT"),
         source=source,
         hosts=(env.get("MASTER_ADDR", "127.0.0.1"),),
-        job_id=env.get("TORCHELASTIC_RUN_ID") or env.get("HCP_TUNE_JOB_ID"),
+        job_id=env.get("TORCHELASTIC_RUN_ID"),
     )
 
 
-def _from_slurm() -> DistEnv:
+def _from_job(job, source: str, *, local: bool) -> DistEnv:
+    hosts = tuple(job.hostnames)
+    return DistEnv(
+        rank=job.global_rank,
+        local_rank=job.local_rank,
+        world_size=job.num_tasks,
+        master_addr="127.0.0.1" if local else hosts[0],
+        master_port=job_port(job.job_id),
+        source=source,
+        hosts=hosts,
+        job_id=str(job.job_id),
+    )
+
+
+def _submitit():
     try:
         import submitit  # only here: present in any job submitit started
     except ImportError as e:
@@ -86,36 +103,38 @@ def _from_slurm() -> DistEnv:
             "SLURM job without submitit: start trials through hcp-tune's executor "
             "(submitit), or with torchrun/srun setting RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
         ) from e
-    if os.environ.get("SUBMITIT_EXECUTOR"):
-        job = submitit.JobEnvironment()
-    else:  # a plain srun task: submitit's SLURM parser (node list, ranks) still applies
-        from submitit.slurm.slurm import SlurmJobEnvironment
+    return submitit
 
-        job = SlurmJobEnvironment()
-    hosts = tuple(job.hostnames)
-    return DistEnv(
-        rank=job.global_rank,
-        local_rank=job.local_rank,
-        world_size=job.num_tasks,
-        master_addr=hosts[0],
-        master_port=slurm_port(job.job_id),
-        source="slurm",
-        hosts=hosts,
-        job_id=str(job.job_id),
-    )
+
+def task_paths(job_id: str | None, task: int):
+    """submitit's on-disk names (``JobPaths``: logs, result pickle) of one task of this job,
+    in the job folder (shared between nodes); None outside a submitit job."""
+    folder = os.environ.get("SUBMITIT_FOLDER")
+    if not folder or job_id is None:
+        return None
+    from submitit.core.utils import JobPaths
+
+    return JobPaths(folder, job_id=job_id, task_id=task)
 
 
 def detect_env(environ: dict | None = None) -> DistEnv:
-    """The launcher's view of this process (see the module docstring for the order)."""
+    """This process's place in its job (see the module docstring for the order).
+
+    ``environ`` (tests) is read for the choice of source; submitit reads ``os.environ``."""
     env = dict(os.environ if environ is None else environ)
-    if env.get(LAUNCHER_VAR) == "local":
-        return _from_vars(env, "local")
+    executor = env.get("SUBMITIT_EXECUTOR")
+    if executor:
+        job = _submitit().JobEnvironment()
+        return _from_job(job, executor, local=executor == "local")
     if "RANK" in env and "WORLD_SIZE" in env and (
         "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
     ):
         return _from_vars(env, "torchrun")
     if "SLURM_JOB_ID" in env and "SLURM_PROCID" in env:
-        return _from_slurm()
+        _submitit()
+        from submitit.slurm.slurm import SlurmJobEnvironment
+
+        return _from_job(SlurmJobEnvironment(), "slurm", local=False)
     return DistEnv(0, 0, 1, "127.0.0.1", free_port(), "single", (socket.gethostname(),))
 
 

@@ -1,6 +1,6 @@
 """One measured trial, run on every rank: ``run_trial(spec) -> TrialResult``.
 
-Order: launcher environment -> this rank's GPU bound (before any CUDA object) -> backend
+Order: job environment -> this rank's GPU bound (before any CUDA object) -> backend
 -> world group (with the comm timeout) -> Megatron-Core groups, read back and compared with
 the plan -> the CP-active proof on a small input -> warm-up and measured steps ->
 statistics, FLOP/s, physical check -> every group the trial created destroyed. Every rank
@@ -8,16 +8,19 @@ returns a result; rank 0's is the authoritative one (verdicts are broadcast from
 Nothing here raises for a trial failure: exceptions become FAILED results with a failure
 class and the first meaningful error line.
 
-Command line (torchrun, srun, or ``hcp_tune.launch.run_local``)::
+A job (``job.payload.batch_payload``, under submitit's local executor or SLURM alike) runs
+``run_batch`` on every rank: its trials one after another in the same processes (the world
+group built once, a layout's groups kept while the next trial has the same layout, its
+proof run once); after a FAILED trial the rest are SKIPPED, since the process group may be
+broken. Each trial's result is written the moment it ends: rank 0 writes ``result_path``;
+rank r > 0 writes ``<stem>.rank<r>.json`` beside it (``merge_root_cause`` reads them when
+rank 0 only saw a lost peer). What ends a job whose ranks did not all finish, on both
+executors: a hung peer ends itself shortly after rank 0's task ended; past the job's time
+limit the executor kills every task.
+
+By hand (torchrun, srun without submitit)::
 
     python -m hcp_tune.job.entry SPEC.json OUT.json [SPEC2.json OUT2.json ...]
-
-Several pairs run one after another in the same processes (a batch: the world group built
-once, a layout's groups kept while the next trial has the same layout, its proof run once);
-after a FAILED trial the rest are SKIPPED, since the process group may be broken. Each
-trial's result is written the moment it ends: rank 0 writes OUT.json; rank r > 0 writes
-OUT.rank<r>.json beside it (the launcher reads them to find a root cause when rank 0 only
-saw a lost peer).
 """
 from __future__ import annotations
 
@@ -40,6 +43,9 @@ from hcp_tune.spec import (
 
 FAULTS = (None, "cp_off", "no_groups", "raise", "kill_rank", "hang_rank")
 KILL_EXIT_CODE = 17
+PEER_FILES_WAIT_S = 10.0  # rank 0, after a failed trial: how long it waits for peers' files
+PEER_LINGER_S = 10.0  # a peer still running this long after rank 0's task ended exits
+POLL_S = 0.2
 
 
 class EnvironmentProblem(RuntimeError):
@@ -52,6 +58,10 @@ def classify(exc: BaseException) -> tuple[FailureClass, str]:
     line = first_error_line(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, TimeLimitReached):
         return FailureClass.TIME_LIMIT, line
+    if type(exc).__name__ == "UncompletedJobError":  # submitit, on the executor's signal
+        # (SLURM's or the local controller's USR2 shortly before executor.time_limit_min)
+        return FailureClass.TIME_LIMIT, first_error_line(
+            f"time limit: executor.time_limit_min is about to pass ({line})")
     if isinstance(exc, (EnvironmentProblem, ImportError)):
         return FailureClass.ENVIRONMENT, line
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
@@ -337,7 +347,7 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
         res.job_id = env.job_id
         if env.world_size != spec.world_size:
             raise EnvironmentProblem(
-                f"the launcher started {env.world_size} processes, the trial needs "
+                f"the job started {env.world_size} processes, the trial needs "
                 f"tp*cp = {spec.tp}*{spec.cp} = {spec.world_size}")
         # the GPU binding comes first: anything CUDA before it would land on GPU 0
         chosen = choose_backend(spec, bind_device(env.local_rank))
@@ -491,24 +501,107 @@ def run_trials(specs: list[TrialSpec], on_result: Optional[Callable[[TrialResult
 
 def write_result(res: TrialResult, out: Path, rank: int) -> None:
     """This rank's result file for one trial (rank 0's is the one the orchestrator reads)."""
-    if res.log_path is None and os.environ.get("HCP_TUNE_LOG"):
-        res.log_path = os.environ["HCP_TUNE_LOG"]
     atomic_write_text(str(rank_out_path(out, rank)), to_json(res))
 
 
+def _share_cpus(env) -> None:
+    """The ranks on a node share its cores: without a bound every rank starts a thread per
+    core, and CPU trials measure the oversubscription (2 ranks x 2 threads on 2 cores ran
+    the same steps 4-8x slower). Threads per rank: ``SLURM_CPUS_PER_TASK`` when SLURM gave
+    each task its CPUs, else the cores this process may use over the ranks on its node.
+    ``OMP_NUM_THREADS`` set by the user wins. Before torch loads (else torch is told)."""
+    if env.source == "single" or "OMP_NUM_THREADS" in os.environ:
+        return
+    per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if per_task.isdigit() and int(per_task) > 0:
+        threads = int(per_task)
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        on_node = max(1, env.world_size // max(1, len(env.hosts)))
+        threads = max(1, (cores or 1) // on_node)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+
+
+def _end_with_rank0(env) -> None:
+    """A peer (rank > 0) that is still running ``PEER_LINGER_S`` after rank 0's task ended is
+    hung (rank 0 has its results): it exits, so the job ends on either executor. Rank 0's
+    end is submitit's result file of task 0 (written when its payload returned or raised)."""
+    from hcp_tune.job.dist import task_paths
+
+    task0 = task_paths(env.job_id, 0)
+    if task0 is None:
+        return
+    marker = task0.result_pickle
+
+    def watch() -> None:
+        while not marker.exists():
+            time.sleep(POLL_S * 5)
+        deadline = time.monotonic() + PEER_LINGER_S
+        while time.monotonic() < deadline:  # a normal end exits the process meanwhile
+            time.sleep(POLL_S)
+        print(f"[rank {env.rank}] still running {PEER_LINGER_S:.0f}s after rank 0's task "
+              "ended: exiting", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="hcp-tune-end-with-rank0", daemon=True).start()
+
+
+def _wait_for_peer_files(specs: list[TrialSpec], results: list[TrialResult], world: int) -> None:
+    """Rank 0, after a FAILED trial: give the peers a moment to write their result files, so
+    that ``merge_root_cause`` (when the orchestrator reads the result) sees a peer's cause."""
+    for spec, res in zip(specs, results):
+        if res.status != Status.FAILED or not spec.result_path:
+            continue
+        paths = [rank_out_path(Path(spec.result_path), r) for r in range(1, world)]
+        deadline = time.monotonic() + PEER_FILES_WAIT_S
+        while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
+
+def _exit_without_teardown() -> None:
+    """At interpreter exit, skip the teardown: after a failure the process group may be
+    broken, and destroying it can wait on a peer that is gone. (Job processes only: submitit
+    has written the task's result by then.)"""
+    import atexit
+    import logging
+
+    def leave() -> None:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    atexit.register(leave)
+
+
 def run_batch(specs: list[TrialSpec]) -> list[TrialResult]:
-    """A batch job's body on one rank: each result written to its ``result_path`` at once."""
+    """A job's body on one rank, for both executors: each result written to its
+    ``result_path`` at once; a hung peer ends with rank 0 (``_end_with_rank0``)."""
     from hcp_tune.job.dist import detect_env
 
-    rank = detect_env().rank
+    env = detect_env()
+    _share_cpus(env)
+    if env.rank != 0:
+        _end_with_rank0(env)
     by_id = {s.trial_id: s for s in specs}
 
     def write(res: TrialResult) -> None:
         path = by_id[res.trial_id].result_path
         if path:
-            write_result(res, Path(path), rank)
+            write_result(res, Path(path), env.rank)
+        print(f"[rank {env.rank}] {res.trial_id}: {res.status.value}"
+              + (f" ({res.failure_class.value}) {res.error}" if res.failure_class else
+                 f" {res.error}" if res.error else ""), flush=True)
 
-    return run_trials(specs, on_result=write)
+    results = run_trials(specs, on_result=write)
+    if any(r.status == Status.FAILED for r in results):
+        if env.rank == 0:
+            _wait_for_peer_files(specs, results, env.world_size)
+        if os.environ.get("SUBMITIT_EXECUTOR"):
+            _exit_without_teardown()
+    return results
 
 
 def rank_out_path(out: Path, rank: int) -> Path:
@@ -518,42 +611,42 @@ def rank_out_path(out: Path, rank: int) -> Path:
 def merge_root_cause(res: TrialResult, out: Path, world: int) -> TrialResult:
     """The one place a peer's root cause joins rank 0's result: when rank 0 only saw a
     lost peer (``comm``), the first other rank that failed for its own reason is named
-    (``... (cause: oom: ...)``). Both executors' results pass through it (the local
-    launcher, and the orchestrator for every result it reads); applying it twice is safe."""
+    (``... (cause: oom: ...)``); when none did, the ranks that wrote no result (died, were
+    killed or hung: see their logs). The orchestrator applies it to every result it reads,
+    from either executor; applying it twice is safe."""
     if (res.status != Status.FAILED or res.failure_class != FailureClass.COMM
             or "(cause: " in (res.error or "")):
         return res
+    silent = []
     for r in range(1, world):
         try:
             other = result_from_json(rank_out_path(Path(out), r).read_text())
-        except (OSError, ValueError):
+        except OSError:
+            silent.append(r)
+            continue
+        except ValueError:
             continue
         if other.status == Status.FAILED and other.failure_class not in (None, FailureClass.COMM):
             res.error = f"{res.error} (cause: {other.failure_class.value}: {other.error})"
-            break
+            return res
+    if silent:
+        res.error = f"{res.error} (cause: ranks {silent} wrote no result; see their logs)"
     return res
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """By hand: each SPEC.json runs with OUT.json as its ``result_path``."""
+    import dataclasses
+
     args = sys.argv[1:] if argv is None else argv
     if not args or len(args) % 2:
         print("usage: python -m hcp_tune.job.entry SPEC.json OUT.json [SPEC.json OUT.json ...]",
               file=sys.stderr)
         return 2
-    pairs = [(Path(args[i]), Path(args[i + 1])) for i in range(0, len(args), 2)]
-    specs = [spec_from_json(p.read_text()) for p, _ in pairs]
-    from hcp_tune.job.dist import detect_env
-
-    rank = detect_env().rank
-    outs = {spec.trial_id: out for spec, (_, out) in zip(specs, pairs)}
-
-    def write(res: TrialResult) -> None:  # the moment each trial ends, not at the end
-        write_result(res, outs[res.trial_id], rank)
-        print(f"[rank {rank}] {res.trial_id}: {res.status.value}"
-              + (f" ({res.failure_class.value}) {res.error}" if res.failure_class else
-                 f" {res.error}" if res.error else ""), flush=True)
-
-    results = run_trials(specs, on_result=write)
+    specs = [dataclasses.replace(spec_from_json(Path(args[i]).read_text()),
+                                 result_path=str(Path(args[i + 1]).resolve()))
+             for i in range(0, len(args), 2)]
+    results = run_batch(specs)
     code = 1 if any(r.status == Status.FAILED for r in results) else 0
     if code:  # the process group may be broken: do not wait in interpreter teardown
         sys.stdout.flush()

@@ -1,28 +1,23 @@
-"""What a SLURM job unpickles and runs: the function the orchestrator hands submitit.
+"""What a trial job unpickles and runs: the one function the orchestrator hands submitit,
+under the local executor and under SLURM alike.
 
-submitit pickles the payload function by reference, so the job process imports the
-module that defines it before anything runs. Defined here, that is the job side only
+Every task of the job is one rank (``tasks_per_node`` = world size locally, ``ntasks`` =
+world size on SLURM) and runs ``batch_payload``; task 0's return value is the job's
+result. submitit pickles the payload function by reference, so the job process imports
+the module that defines it before anything runs. Defined here, that is the job side only
 (standard library, torch, Megatron-Core, TE, submitit); defined in the orchestrator's
 modules it would drag hydra, optuna and pandas into the training container, where they
-are usually absent. The local executor's payload lives beside the local launcher
-(``hcp_tune.launch.local_payload``), which is standard-library only as well.
+are usually absent.
 """
 from __future__ import annotations
 
 from hcp_tune.spec import TrialResult, TrialSpec
 
 
-def slurm_payload(spec: TrialSpec) -> TrialResult:
-    """SLURM executor: every task of the job is one rank of the trial."""
-    from hcp_tune.job.entry import run_trial
-
-    return run_trial(spec)
-
-
-def slurm_batch_payload(specs: list[TrialSpec]) -> list[TrialResult]:
-    """SLURM executor, a batch: every task is one rank of every trial, run one after
-    another in the same processes; each result is written to its ``result_path`` the
-    moment the trial ends (the orchestrator polls those), and all come back at the end."""
+def batch_payload(specs: list[TrialSpec]) -> list[TrialResult]:
+    """One rank of a job that runs ``specs`` (one world size) one after another in the same
+    processes; each result is written to its ``result_path`` the moment the trial ends
+    (the orchestrator polls those), and all come back at the end (``entry.run_batch``)."""
     from hcp_tune.job.entry import run_batch
 
     return run_batch(specs)

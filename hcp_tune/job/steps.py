@@ -7,8 +7,8 @@ trial's ranks as a new process set, waits for them and goes on:
 - on SLURM, one ``srun`` job step per trial (``srun_argv``): no new queue wait, fresh
   processes; with pyxis the step names its container ``hcp-tune-<job id>``, so the image
   is imported by the first step on each node and reused by the later ones;
-- on the local executor, ``world_size`` processes on this machine, as the local launcher
-  starts them (the same step entry, the same result files).
+- on the local executor, ``world_size`` processes on this machine, started with torchrun's
+  variables (the same step entry, the same result files).
 
 Every rank runs ``python -m hcp_tune.job.steps SPEC.json`` (``main``): one trial through
 ``entry.run_trials``, its result written to the spec's ``result_path`` (rank r > 0 beside
@@ -287,12 +287,14 @@ def _cancel_step(job_id: str, name: str) -> None:
 
 
 def _run_local(spec: TrialSpec, spec_file: Path, folder: Path, limit: float) -> bool:
-    """Run the trial as ``world_size`` local processes (the local launcher's environment);
+    """Run the trial as ``world_size`` local processes (torchrun's environment);
     True when the driver's limit ended it."""
     world = spec.world_size
     port = free_port()
-    base = dict(os.environ)
-    base.update(HCP_TUNE_LAUNCHER="local", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    # torchrun's variables: the driver's own submitit ones (one task, rank 0) would make
+    # every rank read itself as rank 0 of 1 (job.dist.detect_env prefers submitit's)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SUBMITIT_")}
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 WORLD_SIZE=str(world), HCP_TUNE_JOB_ID=f"local-{port}")
     root = str(Path(__file__).resolve().parents[2])  # the project, importable by the ranks
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [root, base.get("PYTHONPATH")]))
