@@ -453,11 +453,13 @@ class Sweeper:
         member.study.tell(member.number, result.status, values, row=row)
         self._note_best(member.key, row)
         self.summary.stored += 1
-        if result.failure_class is FailureClass.ENVIRONMENT and self.queue:
-            # the same software stack runs every trial: the rest would fail the same way
+        not_run = len(self.queue) + len(run.open())  # queued, and the rest of its batch
+        if result.failure_class is FailureClass.ENVIRONMENT and not_run and not self.summary.aborted:
+            # the same software stack runs every trial: the rest would fail the same way (the
+            # batch's unrun trials are not requeued either: ``requeue``)
             self.summary.aborted = (
                 f"stopped submitting after an environment failure ({result.error}); "
-                f"{len(self.queue)} trial(s) not run: fix the environment and run the same "
+                f"{not_run} trial(s) not run: fix the environment and run the same "
                 "command again to resume")
             self.queue.clear()
         if result.status is Status.PRUNED and not (result.error or "").startswith("cancelled"):

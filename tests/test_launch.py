@@ -52,5 +52,5 @@ def test_sweep_hands_both_executors_the_same_payload():
     specs = [make_spec(Layout(1, 2))]
     for name in ("local", "slurm"):
         sweeper = Sweeper.__new__(Sweeper)
-        sweeper.executor_name = name
+        sweeper.executor_name, sweeper.steps = name, False  # executor.batch=processes
         assert sweeper._args(specs) == (batch_payload, specs)

@@ -16,6 +16,7 @@ test proves is which layouts the injected delay reaches, not the CPU's run-to-ru
 """
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,10 @@ def test_injected_p2p_delay_is_flagged_on_ring_layouts_only(tmp_path, monkeypatc
     assert verdicts == {"[1,2]": "regression", "[2,1]": "ok"}, [
         (c.layout, c.base_s, c.cand_s) for c in rep.comparisons]
     ring = next(c for c in rep.comparisons if c.layout == "[1,2]")
-    assert ring.ci[0] > 10.0  # the whole interval is past the 900% threshold
+    assert statistics.median(ring.cand_s) / statistics.median(ring.base_s) > 10.0  # > 900%
+    # the whole interval is a slowdown (its width is the CPU's run-to-run noise: one slow
+    # few-millisecond baseline repeat under CI load widened it to 3.8x..)
+    assert ring.ci[0] > 1.0
     assert any("HCP_TUNE_INJECT_DELAY=p2p:0.05" in w for w in rep.warnings)
 
     cli = subprocess.run(
