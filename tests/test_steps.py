@@ -334,17 +334,19 @@ def test_a_step_slurm_cannot_start_gives_up_the_allocation(slurm_cluster, tmp_pa
 @pytest.mark.slurm
 def test_a_broken_allocation_loses_nothing_and_the_next_run_measures_the_rest(
         slurm_cluster, tmp_path):
-    """Through the sweep: the first step cannot start, so the batch's other trial is not
-    run there but requeued into a new job (where srun refuses it too); environment
-    failures are measured again on the next run, which measures both, once."""
+    """Through the sweep: the first step cannot start (an environment failure), so the
+    allocation is given up and the sweep stops: the batch's other trial is neither run nor
+    requeued into a job that would fail the same way. Environment failures are measured
+    again on the next run, which measures both, once."""
     res = tmp_path / "results"
     args = ["sweep", "cp=2", "seq=256", *STEPS, "executor=slurm", f"results_dir={res}"]
     r = hcp(*args, "executor.extra_srun=[--no-such-srun-flag]")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "requeued" in r.stdout
+    assert "requeued" not in r.stdout
+    assert "stopped submitting after an environment failure" in r.stderr
+    assert "1 trial(s) not run: fix the environment and run the same command again" in r.stderr
     got = rows(res)
-    assert [(x["status"], x["failure_class"]) for x in got] == [("failed", "environment")] * 2
-    assert len({x["job_id"] for x in got}) == 2 and {x["a2a"] for x in got} == {1, 2}
+    assert [(x["status"], x["failure_class"]) for x in got] == [("failed", "environment")]
     r = hcp(*args)
     assert r.returncode == 0, r.stdout + r.stderr
     ok = [x for x in rows(res) if x["status"] == "ok"]
