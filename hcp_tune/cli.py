@@ -149,18 +149,7 @@ def cmd_sweep(args: list[str]) -> int:
 
 def _own_recommendations(summary) -> list[dict]:
     """The recommendations of this sweep's keys, selected by the keys' fields."""
-    from hcp_tune.store import KEY_FIELDS
-
-    keys = {tuple(getattr(k, f) for f in KEY_FIELDS) for k in summary.keys}
-    return [r for r in summary.recommendations
-            if tuple(r.get(f, 1) if f == "pp" else r.get(f) for f in KEY_FIELDS) in keys]
-
-
-def _unmeasured_lines(summary, ranked: set, trials_csv) -> list[str]:
-    """``ui.unmeasured_lines`` (kept here for its callers)."""
-    from hcp_tune.ui import unmeasured_lines
-
-    return unmeasured_lines(summary, ranked, trials_csv)
+    return [r for r in summary.recommendations if any(k.holds(r) for k in summary.keys)]
 
 
 def cmd_trial(args: list[str]) -> int:

@@ -22,7 +22,7 @@ from hcp_tune.layout import Candidate
 from hcp_tune.plan import candidates, notes
 from hcp_tune.settings import RETRY_CHOICES
 from hcp_tune.spec import FailureClass, Status
-from hcp_tune.store import KEY_FIELDS, SweepKey
+from hcp_tune.store import SweepKey
 
 if TYPE_CHECKING:
     from hcp_tune.tuner import Outstanding
@@ -73,10 +73,8 @@ def kept_by_key(cfg: SweepConfig, cands: Optional[list[Candidate]] = None
 
 def rows_of(key: SweepKey, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The stored rows of ``key``, selected by its fields (``store.KEY_FIELDS``); a row
-    without ``pp`` was stored before pp joined the key and has pp=1."""
-    want = tuple(getattr(key, f) for f in KEY_FIELDS)
-    return [r for r in rows
-            if tuple(r.get(f, 1) if f == "pp" else r.get(f) for f in KEY_FIELDS) == want]
+    without ``pp`` was stored before pp joined the key and has pp=1 (``SweepKey.holds``)."""
+    return [r for r in rows if key.holds(r)]
 
 
 @dataclass(frozen=True)

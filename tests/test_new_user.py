@@ -117,7 +117,7 @@ def test_a_sweep_that_measured_nothing_exits_1_and_stored_failures_can_be_retrie
 
 
 def test_keys_left_without_a_measurement_are_named_when_others_were_measured():
-    from hcp_tune.cli import _unmeasured_lines
+    from hcp_tune.ui import unmeasured_lines as _unmeasured_lines
     from hcp_tune.store import SweepKey
     from hcp_tune.sweep import SweepSummary
 
