@@ -8,7 +8,7 @@ fitted parameters (results/calibration/local__<env_tag>.json) and a Markdown sum
 
     python benchmarks/calibrate_cpu.py [--job-root DIR] [--rows FILE] [--out benchmarks/RESULTS-calibration.md]
 
-``--job-root`` is a checkout that has ``hcp_tune.launch`` (the measuring side); it runs in
+``--job-root`` is a checkout that has ``hcp_tune.engine.launch`` (the measuring side); it runs in
 a subprocess with that checkout first on PYTHONPATH. ``--rows FILE`` skips measuring and
 refits rows measured before. About 4-6 minutes on 2 cores.
 """
@@ -38,8 +38,8 @@ ENV_TAG = "cpu-torch-ref"
 MEASURE = r'''
 import json, sys, time
 from pathlib import Path
-from hcp_tune.launch import run_local_batch
-from hcp_tune.layout import Layout, rank_groups
+from hcp_tune.engine.launch import run_local_batch
+from hcp_tune.space.layout import Layout, rank_groups
 from hcp_tune.spec import TrialSpec, result_from_json
 seqs_by_cp, workdir, batch_timeout_s = json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 model, dims = sys.argv[4], json.loads(sys.argv[5])  # dims of conf/model/<model>.yaml, 1 layer
@@ -103,13 +103,13 @@ def table(rep) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--job-root", default=str(REPO), help="checkout with hcp_tune.launch")
+    ap.add_argument("--job-root", default=str(REPO), help="checkout with hcp_tune.engine.launch")
     ap.add_argument("--rows", help="refit these measured rows (JSONL) instead of measuring")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS-calibration.md"))
     ap.add_argument("--results-dir", default=str(REPO / "results"))
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from hcp_tune import calibrate
+    from hcp_tune.costmodel import calibrate
 
     t0 = time.time()
     if args.rows:

@@ -32,8 +32,9 @@ def main() -> int:
     ap.add_argument("--results-dir", default=str(REPO / "results"))
     args = ap.parse_args()
     import calibrate_cpu
-    from hcp_tune import agreement, calibrate
-    from hcp_tune.costmodel import CostParams
+
+    from hcp_tune.costmodel import agreement, calibrate
+    from hcp_tune.costmodel.formulas import CostParams
 
     if args.rows:
         rows = calibrate.read_rows(args.rows)

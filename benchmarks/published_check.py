@@ -29,8 +29,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS-published.md"))
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from hcp_tune import agreement, calibrate
-    from hcp_tune.costmodel import CostParams
+    from hcp_tune.costmodel import agreement, calibrate
+    from hcp_tune.costmodel.formulas import CostParams
 
     out = ["# The cost model against published split measurements\n",
            "Produced by `python benchmarks/published_check.py`. Orders are a2a sizes, fastest "

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hcp_tune.launch import run_local_batch  # noqa: E402
-from hcp_tune.layout import Layout, rank_groups  # noqa: E402
+from hcp_tune.engine.launch import run_local_batch  # noqa: E402
+from hcp_tune.space.layout import Layout, rank_groups  # noqa: E402
 from hcp_tune.spec import Status, TrialSpec  # noqa: E402
 
 CP = 4

@@ -39,12 +39,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from hcp_tune import config  # noqa: E402
-from hcp_tune.noise import row_noise  # noqa: E402
-from hcp_tune.plan import candidates  # noqa: E402
-from hcp_tune import sweep  # noqa: E402
-from hcp_tune.sweep import Sweeper  # noqa: E402
 from sweep_overhead import Quiet  # noqa: E402  (the silent reporter; benchmarks/ is on the path)
+
+from hcp_tune import config  # noqa: E402
+from hcp_tune.engine import sweep  # noqa: E402
+from hcp_tune.engine.sweep import Sweeper  # noqa: E402
+from hcp_tune.noise import row_noise  # noqa: E402
+from hcp_tune.space.plan import candidates  # noqa: E402
 
 WORKLOADS = {
     "cp2": (2, [256, 512, 768, 1024, 1280, 1536, 1792, 2048]),

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hcp_tune import config  # noqa: E402
-from hcp_tune.sweep import Sweeper  # noqa: E402
+from hcp_tune.engine.sweep import Sweeper  # noqa: E402
 
 
 class Quiet:

@@ -1,6 +1,23 @@
 """hcp-tune: choose Megatron-Bridge's hierarchical context-parallel layout by measurement.
 
-This package file imports nothing heavy: the job side (``hcp_tune.job``) and the
-orchestrator side share it, and neither may pay for the other's imports.
+The orchestrator's packages, in the order data flows (each imports only the ones above it
+in this list, and the contract):
+
+  upstream/   what Megatron-Core, TE and Bridge enforce and compute: the HCP rules table,
+              the pipeline schedule's arithmetic
+  config/     the one loader (Hydra compose -> typed ``SweepConfig``), cluster and model
+              profiles, the typed groups, Bridge's recipes
+  space/      the layout space: layouts and rank groups, validate, plan
+  costmodel/  predicted step time and memory: formulas, calibration, agreement with
+              published tables, the predicted ranking, the memory fit advice
+  engine/     the sweep: its plan (pure), dispatch (submitit), the ledger (optuna), the
+              results store, the budget estimate, two-stage sweeps
+  outputs/    terminal tables, recommend, report, regress, HTML and SVG
+  cli.py, gpucheck/   the commands, on top
+
+The job side (``job/``: what runs on every rank) imports nothing of the orchestrator but
+the contract: ``spec``, ``errors``, ``noise``, ``flops`` and ``merge`` (standard library
+only, this folder's top level). tests/test_house.py checks both directions and that no
+import cycle exists. This file imports nothing heavy: both sides share it.
 """
 __version__ = "0.1.0"

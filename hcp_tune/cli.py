@@ -11,9 +11,17 @@ import sys
 from typing import Callable
 
 from hcp_tune.errors import (
-    EXIT_FINDINGS, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ConfigError, HcpError,
+    EXIT_FINDINGS,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    ConfigError,
+    HcpError,
 )
-from hcp_tune.regress_cli import cmd_regress, cmd_report  # stdlib-light: no torch, no pandas
+from hcp_tune.outputs.regress_cli import (  # stdlib-light: no torch, no pandas
+    cmd_regress,
+    cmd_report,
+)
 
 USAGE = """\
 usage: python -m hcp_tune COMMAND [key=value ...]
@@ -46,21 +54,23 @@ def _show(fmt: str, data: dict, table: str) -> None:
     if fmt == "json":
         print(json.dumps(data, indent=2, default=str))
         return
-    from hcp_tune import ui
+    from hcp_tune.outputs import ui
 
     getattr(ui, table)(data)
 
 
 def cmd_plan(args: list[str]) -> int:
-    from hcp_tune import config, plan
+    from hcp_tune import config
+    from hcp_tune.engine import sweep_plan
 
     cfg = config.load(args)
-    _show(cfg.format, plan.plan_rows(cfg), "print_plan")
+    _show(cfg.format, sweep_plan.plan_rows(cfg), "print_plan")
     return EXIT_OK
 
 
 def cmd_predict(args: list[str]) -> int:
-    from hcp_tune import config, predict
+    from hcp_tune import config
+    from hcp_tune.costmodel import predict
 
     cfg = config.load(args)
     _show(cfg.format, predict.predict_rows(cfg), "print_predict")
@@ -71,7 +81,7 @@ VALIDATE_KEYS = ("config", "cluster", "model", "te_version", "format")
 
 
 def cmd_validate(args: list[str]) -> int:
-    from hcp_tune import validate
+    from hcp_tune.space import validate
 
     files, bridge, own = [], [], {}
     for arg in args:
@@ -114,7 +124,7 @@ def cmd_validate(args: list[str]) -> int:
     if fmt == "json":
         print(json.dumps({"source": source, "findings": [vars(f) for f in findings]}, indent=2))
     else:
-        from hcp_tune import ui
+        from hcp_tune.outputs import ui
 
         ui.print_findings(findings, source)
     return EXIT_FINDINGS if any(f.severity == "error" for f in findings) else EXIT_OK
@@ -123,7 +133,9 @@ def cmd_validate(args: list[str]) -> int:
 def cmd_sweep(args: list[str]) -> int:
     import dataclasses
 
-    from hcp_tune import config, predict, ui
+    from hcp_tune import config
+    from hcp_tune.costmodel import predict
+    from hcp_tune.outputs import ui
 
     cfg = config.load(args)
     runner, reason = predict.resolve_runner(cfg.runner.name)
@@ -133,11 +145,12 @@ def cmd_sweep(args: list[str]) -> int:
         return EXIT_OK
     cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, name=runner))
     if runner == "attention+bridge":  # attention over every layout, Bridge over the best k
-        from hcp_tune import twostage
+        from hcp_tune.engine import twostage
 
-        summary = twostage.run(cfg, ui.SweepReporter(), on_plan=ui.print_sweep_start)
+        summary = twostage.run(cfg, ui.SweepReporter(), on_plan=ui.print_sweep_start,
+                                on_table=ui.print_two_stage)
     else:
-        from hcp_tune import sweep
+        from hcp_tune.engine import sweep
 
         sweeper = sweep.Sweeper(cfg, ui.SweepReporter())
         ui.print_sweep_start(sweeper.plan())
@@ -156,8 +169,10 @@ def cmd_trial(args: list[str]) -> int:
     """Run one layout once on this machine (local processes) and print its result."""
     import dataclasses
 
-    from hcp_tune import config, plan, predict
-    from hcp_tune.schema import as_int
+    from hcp_tune import config
+    from hcp_tune.config.schema import as_int
+    from hcp_tune.costmodel import predict
+    from hcp_tune.space import plan
 
     a2a_args = [a for a in args if a.startswith("a2a=")]
     if len(a2a_args) != 1:
@@ -174,9 +189,9 @@ def cmd_trial(args: list[str]) -> int:
     cand = cands[a2a]
     if not cand.kept:
         raise ConfigError(f"a2a={a2a}: layout {cand.layout.label} is rejected: {cand.reasons[0]}")
-    from hcp_tune.launch import run_local
+    from hcp_tune.engine.launch import run_local
+    from hcp_tune.engine.sweep import spec_for
     from hcp_tune.spec import to_json
-    from hcp_tune.sweep import spec_for
 
     workdir = cfg.results_dir / "trials" / f"manual-{cand.layout.a2a}x{cand.layout.p2p}-s{cand.seq}"
     spec = spec_for(cfg, cand, workdir.name, workdir)
@@ -189,8 +204,9 @@ def cmd_trial(args: list[str]) -> int:
 
 
 def cmd_recommend(args: list[str]) -> int:
-    from hcp_tune import config, recommend
-    from hcp_tune.store import ResultStore
+    from hcp_tune import config
+    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.outputs import recommend
 
     cfg = config.load(args)
     if len(cfg.seqs) != 1 or len(cfg.tps) != 1:
@@ -202,11 +218,11 @@ def cmd_recommend(args: list[str]) -> int:
     recs = ResultStore(cfg.results_dir).recommendations()
     rec, near = recommend.answer(recs, want)
     if rec:  # a row measured with HCP_TUNE_INJECT_DELAY is a test, never a recommendation
-        from hcp_tune.regress import injected_warnings, same_key
+        from hcp_tune.outputs.regress import injected_warnings, same_key
 
         for line in injected_warnings(same_key(ResultStore(cfg.results_dir).rows(), rec)):
             print(f"recommend: warning: {line}", file=sys.stderr)
-    from hcp_tune import predict
+    from hcp_tune.costmodel import predict
 
     pred = predict.predict_rows(cfg)
     unfit = recommend.unfit_reason(rec, pred["candidates"], cfg.cluster.gpu_memory_gib) \
@@ -229,7 +245,7 @@ def cmd_recommend(args: list[str]) -> int:
             "fit_advice": advice,
         }, indent=2, default=str))
     elif rec:
-        from hcp_tune import ui
+        from hcp_tune.outputs import ui
 
         ui.print_recommendation(rec, recommend.bridge_overrides(rec), recommend.python_form(rec))
     else:
@@ -246,7 +262,7 @@ def cmd_recommend(args: list[str]) -> int:
                   f"[{predicted['a2a']},{predicted['p2p']}] {predicted['comm_type']}, "
                   f"{predicted['predicted_step_time_s']:.4g} s per step")
             print("  " + " ".join(predicted["bridge_overrides"]))
-        from hcp_tune.fit import advice_line
+        from hcp_tune.costmodel.memory import advice_line
 
         for a in advice:
             print(advice_line(a, cfg.cluster.gpu_memory_gib, "recommend"))
@@ -273,14 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     name, args = argv[0], argv[1:]
     command = COMMANDS.get(name)
     if command is None:
-        from hcp_tune import ui
+        from hcp_tune.outputs import ui
 
         ui.error_line(f"unknown command {name!r}; expected one of: {', '.join(COMMANDS)}")
         return EXIT_USAGE
     try:
         return command(args)
     except HcpError as exc:
-        from hcp_tune import ui
+        from hcp_tune.outputs import ui
 
         ui.error_line(str(exc))
         return exc.exit_code

@@ -15,7 +15,6 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-
 TE_MIN_HCP = (1, 12)  # Transformer Engine 1.12.0: first with a2a+p2p (Megatron-Core asserts it)
 
 

@@ -51,9 +51,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hcp_tune.cluster import cluster_from_mapping
-from hcp_tune.layout import Layout, enumerate_layouts, rank_groups
-from hcp_tune.model import model_from_mapping
+from hcp_tune.config.cluster import cluster_from_mapping
+from hcp_tune.config.model import model_from_mapping
+from hcp_tune.space.layout import Layout, enumerate_layouts, rank_groups
 from hcp_tune.spec import TrialSpec
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -121,7 +121,7 @@ BATCHES = {
 @pytest.fixture(scope="session")
 def batch(tmp_path_factory):
     """batch(name) -> {trial_id: (spec, result)}, each batch run once per session."""
-    from hcp_tune.launch import run_local_batch
+    from hcp_tune.engine.launch import run_local_batch
 
     cache = {}
 

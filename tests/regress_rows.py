@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
 from hcp_tune.spec import Status, TrialResult, TrialSpec
-from hcp_tune.store import ResultStore, SweepKey, trial_row
 
 FP = {"torch": "2.13.0", "transformer_engine": "2.9.0", "megatron_core": "0.16.1",
       "hosts": ["node1"], "settings": {}, "inject_delay": None}

@@ -9,14 +9,22 @@ import sys
 from collections import Counter
 
 import pytest
-
 from conftest import make_spec
-from hcp_tune.layout import Layout
-from hcp_tune.spec import Status, result_from_json
 from test_sweep import (
-    ENV, REPO, TINY, ctrl_c_once_submitted, hcp, kill_after_first_row_and_resume, rows, squeue_ids,
-    start, wait_for,
+    ENV,
+    REPO,
+    TINY,
+    ctrl_c_once_submitted,
+    hcp,
+    kill_after_first_row_and_resume,
+    rows,
+    squeue_ids,
+    start,
+    wait_for,
 )
+
+from hcp_tune.space.layout import Layout
+from hcp_tune.spec import Status, result_from_json
 
 BATCH = [*TINY, "search.early_stop=false", "executor.trials_per_job=6"]
 
@@ -75,7 +83,7 @@ def test_middle_trial_crashing_its_processes_reruns_the_rest_in_a_new_job(tmp_pa
 @pytest.mark.multiproc
 def test_stop_file_prunes_a_trial_and_the_batch_goes_on(tmp_path):
     """What early stop and Ctrl-C use: the job checks a trial's stop file before every step."""
-    from hcp_tune.launch import run_local_batch
+    from hcp_tune.engine.launch import run_local_batch
 
     stop = tmp_path / "first.stop"
     stop.write_text("stopped early: slower than the best")
@@ -175,11 +183,11 @@ def test_plan_states_the_cost_as_an_estimate():
 
 
 def test_a_peers_root_cause_is_merged_once_for_either_executor(tmp_path):
-    """The one merge (job.entry.merge_root_cause) that the local launcher and the
+    """The one merge (hcp_tune.merge.merge_root_cause) that the local launcher and the
     orchestrator's reading of any executor's result file both go through."""
-    from hcp_tune.job.entry import rank_out_path
+    from hcp_tune.engine.sweep import read_result
+    from hcp_tune.merge import rank_out_path
     from hcp_tune.spec import FailureClass, TrialResult, to_json
-    from hcp_tune.sweep import read_result
 
     out = tmp_path / "t.result.json"
     lost = TrialResult(trial_id="t", status=Status.FAILED, failure_class=FailureClass.COMM,
@@ -210,8 +218,9 @@ def test_repeats_of_a_layout_run_in_different_jobs(tmp_path):
 
 
 def test_recommend_names_the_layouts_a_key_is_missing(tmp_path):
-    from hcp_tune.store import ResultStore, SweepKey
     from test_incomplete import KEY, row
+
+    from hcp_tune.engine.store import ResultStore, SweepKey
 
     store = ResultStore(tmp_path)
     for r in (row(1, "ok", 0.1), row(2, "cancelled")):

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from hcp_tune.flops import bridge_gpt_flops, padded_vocab_size
-from hcp_tune.job import bridge_config as bc
+from hcp_tune.job.bridge import config as bc
 from hcp_tune.spec import TrialSpec
 
 FIELDS = json.loads((Path(__file__).parent / "data" / "bridge_fields.json").read_text())
@@ -253,9 +253,9 @@ def test_pretrain_takes_callbacks_at_the_pinned_version():
 
 
 def test_our_callbacks_define_only_bridge_events():
-    from hcp_tune.job.bridge_guard import HCPGuard
-    from hcp_tune.job.bridge_measure import StepRecorder
-    from hcp_tune.job.bridge_runner import _Fingerprint
+    from hcp_tune.job.bridge.guard import HCPGuard
+    from hcp_tune.job.bridge.measure import StepRecorder
+    from hcp_tune.job.bridge.runner import _Fingerprint
 
     events = set(FIELDS["callback_events"])
     for cls in (StepRecorder, HCPGuard, _Fingerprint):

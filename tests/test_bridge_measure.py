@@ -5,8 +5,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hcp_tune.job.bridge_measure import (
-    GB, RankMemory, StepRecorder, lm_loss, parse_log, step_time_lines,
+from hcp_tune.job.bridge.measure import (
+    GB,
+    RankMemory,
+    StepRecorder,
+    lm_loss,
+    parse_log,
+    step_time_lines,
 )
 
 

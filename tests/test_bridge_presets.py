@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hcp_tune import config, predict
-from hcp_tune.recipes import BRIDGE_COMMIT, RECIPES
+from hcp_tune import config
+from hcp_tune.config.recipes import BRIDGE_COMMIT, RECIPES
+from hcp_tune.costmodel import predict
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.stem for p in (REPO / "sweeps").glob("llama3-*-bridge.yaml"))

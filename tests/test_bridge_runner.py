@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hcp_tune.job import bridge_runner
-from hcp_tune.job.entry import run_trials
+from hcp_tune.job.batch import run_trials
+from hcp_tune.job.bridge import runner as bridge_runner
 from hcp_tune.spec import FailureClass, Status, TrialSpec, classify_error_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,8 +125,8 @@ def test_sweep_slurm_stops_on_the_missing_stack(tmp_path, slurm_cluster):
 
 def test_runner_bridge_conf_and_spec_carry_recipe_and_overrides(tmp_path):
     from hcp_tune import config
-    from hcp_tune.plan import candidates
-    from hcp_tune.sweep import spec_for
+    from hcp_tune.engine.sweep import spec_for
+    from hcp_tune.space.plan import candidates
 
     cfg = config.load(["runner=bridge", "cluster=local", "model=tiny", "cp=2", "seq=256",
                        "runner.recipe=llama32_1b_pretrain_config",

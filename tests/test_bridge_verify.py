@@ -9,12 +9,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hcp_tune.job.bridge_guard import HCPGuard, HCPNotActiveError, configured_layout
 from hcp_tune.job.bench import over_peak
-from hcp_tune.job.bridge_verify import (
-    AttentionEvidence, RankEvidence, check_cp_active, collect, summarize_problems,
+from hcp_tune.job.bridge.guard import HCPGuard, HCPNotActiveError, configured_layout
+from hcp_tune.job.bridge.verify import (
+    AttentionEvidence,
+    RankEvidence,
+    check_cp_active,
+    collect,
+    summarize_problems,
 )
-from hcp_tune.layout import Layout, rank_groups
+from hcp_tune.space.layout import Layout, rank_groups
 
 PLAN = rank_groups(Layout(a2a=2, p2p=2), tp=1, gpus_per_node=8).as_dict()
 # cp [[0,1,2,3]], a2a [[0,1],[2,3]], p2p [[0,2],[1,3]]

@@ -3,10 +3,12 @@ import json
 
 import pytest
 
-from hcp_tune import calibrate, config, predict as predict_mod
-from hcp_tune.calibrate import fit, holdout_error, load_params, nelder_mead, save_params
-from hcp_tune.costmodel import CostParams, predict_attention_layer
-from hcp_tune.layout import Candidate, Layout, rank_groups
+from hcp_tune import config
+from hcp_tune.costmodel import calibrate
+from hcp_tune.costmodel import predict as predict_mod
+from hcp_tune.costmodel.calibrate import fit, holdout_error, load_params, nelder_mead, save_params
+from hcp_tune.costmodel.formulas import CostParams, predict_attention_layer
+from hcp_tune.space.layout import Candidate, Layout, rank_groups
 
 LOCAL = config.load(["cluster=local", "model=tiny"])
 TRUE = CostParams(compute_efficiency=0.12, intra_bw_efficiency=0.3, latency_multiplier=40.0,

@@ -8,9 +8,18 @@ from pathlib import Path
 import pytest
 
 from hcp_tune import config
+from hcp_tune.config.settings import (
+    CP_MAX,
+    DP_MAX,
+    MBS_MAX,
+    SEQ_MAX,
+    TP_MAX,
+    WORLD_MAX,
+    ExecutorConfig,
+    RunnerConfig,
+    SearchConfig,
+)
 from hcp_tune.errors import ConfigError
-from hcp_tune.settings import (CP_MAX, DP_MAX, MBS_MAX, SEQ_MAX, TP_MAX, WORLD_MAX,
-                               ExecutorConfig, RunnerConfig, SearchConfig)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -5,11 +5,14 @@ import functools
 import pytest
 
 from hcp_tune import config
-from hcp_tune.costmodel import (
-    GIB, CostParams, predict, predict_attention_layer,
+from hcp_tune.costmodel.formulas import (
+    GIB,
+    CostParams,
+    predict,
+    predict_attention_layer,
 )
 from hcp_tune.flops import causal_attention_flops, layer_gemm_flops, lm_head_flops
-from hcp_tune.layout import Candidate, Layout, enumerate_layouts, rank_groups
+from hcp_tune.space.layout import Candidate, Layout, enumerate_layouts, rank_groups
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,10 +7,15 @@ import functools
 import pytest
 
 from hcp_tune import config
-from hcp_tune.costmodel import predict
-from hcp_tune.layout import Candidate, Layout, rank_groups
-from hcp_tune.pipeline import (
-    Recompute, bubble_fraction, in_flight, recomputed_layers, saved_activations, stage_layers,
+from hcp_tune.costmodel.formulas import predict
+from hcp_tune.space.layout import Candidate, Layout, rank_groups
+from hcp_tune.upstream.pipeline import (
+    Recompute,
+    bubble_fraction,
+    in_flight,
+    recomputed_layers,
+    saved_activations,
+    stage_layers,
 )
 
 FULL = Recompute("full", "uniform", 1)

@@ -4,12 +4,12 @@ import dataclasses
 import functools
 
 import pytest
+from test_costmodel import cand  # one candidate builder for both cost-model test files
 
 from hcp_tune import config
-from hcp_tune.costmodel import CostParams, predict, predict_attention_layer
+from hcp_tune.costmodel.formulas import CostParams, predict, predict_attention_layer
 from hcp_tune.errors import ConfigError
 from hcp_tune.flops import causal_attention_flops
-from test_costmodel import cand  # one candidate builder for both cost-model test files
 
 
 @functools.lru_cache(maxsize=None)

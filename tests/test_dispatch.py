@@ -1,4 +1,4 @@
-"""hcp_tune.dispatch: executor config, executor shape, and real jobs (local and SLURM)."""
+"""hcp_tune.engine.dispatch: executor config, executor shape, and real jobs (local and SLURM)."""
 from __future__ import annotations
 
 import os
@@ -9,8 +9,8 @@ import payloads
 import pytest
 import yaml
 
-from hcp_tune import dispatch
-from hcp_tune.dispatch import ExecutorConfig, JobState
+from hcp_tune.engine import dispatch
+from hcp_tune.engine.dispatch import ExecutorConfig, JobState
 from hcp_tune.errors import ConfigError
 
 DEADLINE_S = 90  # a job on the idle local cluster starts within seconds

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hcp_tune import gpucheck
+from hcp_tune.gpucheck import attention
+from hcp_tune.gpucheck.__main__ import main as gpu_check_main
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +57,7 @@ def _ok(**kw):
 
 
 def test_gpu_verdict_names_every_check():
-    ok, line = gpucheck.verdict(_spec(), _ok(), gpucheck.GPU)
+    ok, line = attention.verdict(_spec(), _ok(), attention.GPU)
     assert ok and line == (
         "gpu-check [2,2] a2a+p2p: PASS  groups match | numerics pass (worst 0.004 <= 0.035, "
         "vs no-CP bf16) | 321 TFLOP/s/GPU <= peak 989 | backend te: FusedAttention (sub-backend 1)")
@@ -80,19 +81,19 @@ def test_gpu_verdict_names_every_check():
      "groups not checked"),
 ])
 def test_gpu_verdict_fails_with_the_first_reason(change, reason):
-    ok, line = gpucheck.verdict(_spec(), _ok(**change), gpucheck.GPU)
+    ok, line = attention.verdict(_spec(), _ok(**change), attention.GPU)
     assert not ok and ": FAIL  " in line and line.endswith("-- " + reason), line
 
 
 def test_any_failed_layout_makes_the_exit_code_1(monkeypatch, capsys, tmp_path):
-    import hcp_tune.launch
+    import hcp_tune.engine.launch
 
     def results(specs, workdir):  # the first layout fails, the others pass
         return [_ok(status=Status.INVALID, error="CP result differs", backend="torch",
                     te_backend="")] + [_ok(backend="torch", te_backend="")] * (len(specs) - 1)
 
-    monkeypatch.setattr(hcp_tune.launch, "run_local_batch", results)
-    assert gpucheck.main(["--cpu", "--workdir", str(tmp_path)]) == 1
+    monkeypatch.setattr(hcp_tune.engine.launch, "run_local_batch", results)
+    assert gpu_check_main(["--cpu", "--workdir", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "gpu-check [4,1] a2a: FAIL" in out and out.strip().endswith("2/3 layouts pass")
 
@@ -111,7 +112,7 @@ def _bridge_ok(**kw):
 
 
 def test_bridge_verdict_passes_with_every_part():
-    from hcp_tune.gpucheck_bridge import verdict
+    from hcp_tune.gpucheck.bridge import verdict
 
     ok, line = verdict(_spec(), _bridge_ok())
     assert ok
@@ -130,14 +131,14 @@ def test_bridge_verdict_passes_with_every_part():
      "CP NOT proven"),
 ])
 def test_bridge_verdict_fails_with_the_reason(change, reason):
-    from hcp_tune.gpucheck_bridge import verdict
+    from hcp_tune.gpucheck.bridge import verdict
 
     ok, line = verdict(_spec(), _bridge_ok(**change))
     assert not ok and "FAIL" in line and reason in line
 
 
 def test_bridge_specs_are_small_llama_at_cp4(tmp_path):
-    from hcp_tune.gpucheck_bridge import build_specs
+    from hcp_tune.gpucheck.bridge import build_specs
 
     a, b = build_specs("dgx-h100", tmp_path)
     assert [(s.a2a, s.p2p, s.comm_type) for s in (a, b)] == [(2, 2, "a2a+p2p"), (1, 4, "p2p")]
@@ -146,11 +147,10 @@ def test_bridge_specs_are_small_llama_at_cp4(tmp_path):
 
 
 def test_cpu_mode_says_the_bridge_step_is_skipped(monkeypatch, capsys, tmp_path):
-    from hcp_tune import gpucheck
 
-    monkeypatch.setattr("hcp_tune.launch.run_local_batch",
+    monkeypatch.setattr("hcp_tune.engine.launch.run_local_batch",
                         lambda specs, workdir: [_ok(backend="torch", te_backend="") for _ in specs])
-    gpucheck.main(["--cpu", "--workdir", str(tmp_path)])
+    gpu_check_main(["--cpu", "--workdir", str(tmp_path)])
     out = capsys.readouterr().out.splitlines()
     assert out[-2] == ("gpu-check bridge: skipped (cpu mode): the Bridge step needs >= 4 GPUs "
                        "and Megatron-Bridge with Transformer Engine")

@@ -1,6 +1,6 @@
 """A key whose kept layouts are not all validly measured is marked incomplete, with the
 layouts missing and why, in recommendations.csv and by `recommend`."""
-from hcp_tune.store import SweepKey, missing_layouts, recommendations
+from hcp_tune.engine.store import SweepKey, missing_layouts, recommendations
 
 KEY = dict(cluster="local", model="tiny", tp=1, pp=1, cp=2, seq=256, runner="attention",
            env_tag="default")
@@ -45,7 +45,7 @@ def test_rows_from_a_newer_schema_are_refused_with_what_to_do(tmp_path):
 
     import pytest
 
-    from hcp_tune.store import ResultStore, ResultsTooNew
+    from hcp_tune.engine.store import ResultsTooNew, ResultStore
 
     store = ResultStore(tmp_path)
     store.add({**row(1, "ok", 0.1), "schema_version": 99}, SweepKey(**KEY))

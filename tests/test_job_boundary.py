@@ -3,11 +3,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
-JOB_MODULES = ["dist", "groups", "ref_attention", "te_attention", "verify", "bench", "entry",
-               "payload", "bridge_config", "bridge_measure", "bridge_verify", "bridge_guard",
-               "bridge_runner"]
+JOB_DIR = ROOT / "hcp_tune" / "job"
+# every module of the job side, its subpackages included ("bridge.runner", "attention.te", ...)
+JOB_MODULES = sorted(".".join(p.relative_to(JOB_DIR).with_suffix("").parts)
+                     for p in JOB_DIR.rglob("*.py") if p.name != "__init__.py")
 
 # The libraries are made to look uninstalled: ``sys.modules[name] = None`` makes ``import name``
 # raise ImportError and ``importlib.util.find_spec(name)`` return None. (A meta-path finder that
@@ -24,12 +24,12 @@ BLOCKER = BLOCK + """
 import importlib
 for m in MODULES:
     importlib.import_module("hcp_tune.job." + m)
-import hcp_tune.spec, hcp_tune.job.entry as e
+import hcp_tune.spec, hcp_tune.job.backend as e
 # the lazily imported parts too: Megatron-Core's parallel_state, the backend choice
 from megatron.core import parallel_state
 e.choose_backend(hcp_tune.spec.TrialSpec(trial_id="x", a2a=1, p2p=2, seq=8, heads=8,
                                          kv_heads=8, head_dim=8), None)
-from hcp_tune.job import te_attention
+from hcp_tune.job.attention import te as te_attention
 assert te_attention.te_min_version_ok("2.17.1+4329ff8")  # packaging, Megatron-Core's dependency
 loaded = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED and sys.modules[n] is not None)
 assert not loaded, loaded
@@ -60,7 +60,7 @@ def test_job_package_lists_only_allowed_imports():
                "typing",
                "pathlib", "logging", "packaging", "torch", "megatron", "transformer_engine", "submitit", "hcp_tune"}
     import ast
-    for path in sorted((ROOT / "hcp_tune" / "job").glob("*.py")):
+    for path in sorted(JOB_DIR.rglob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             names = []
@@ -71,13 +71,14 @@ def test_job_package_lists_only_allowed_imports():
             for n in names:
                 assert n.split(".")[0] in allowed, f"{path.name} imports {n}"
                 if n.startswith("hcp_tune."):
-                    assert n in ("hcp_tune.spec", "hcp_tune.flops", "hcp_tune.noise") or n.startswith("hcp_tune.job"), \
+                    assert n in ("hcp_tune.spec", "hcp_tune.flops", "hcp_tune.noise",
+                                 "hcp_tune.merge") or n.startswith("hcp_tune.job"), \
                         f"{path.name} imports orchestrator module {n}"
 
 
 # ---------------------------------------------------------------- what a job unpickles
 # submitit pickles the payload by reference: the job process imports the payload's module
-# before anything runs. The payloads are taken from hcp_tune.sweep, i.e. exactly what a
+# before anything runs. The payloads are taken from hcp_tune.engine.sweep, i.e. exactly what a
 # sweep hands submitit. A ``sitecustomize`` on PYTHONPATH blocks the orchestrator's
 # libraries in the job process and in every rank process it starts.
 
@@ -88,14 +89,14 @@ result = DelayedSubmission.load(sys.argv[1]).result()
 result = result[0] if isinstance(result, list) else result  # a batch payload: its first
 loaded = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED and sys.modules[n] is not None)
 assert not loaded, loaded
-# nothing of the orchestrator either (hcp_tune.sweep, dispatch, config, store, ...): today
+# nothing of the orchestrator either (hcp_tune.engine.sweep, dispatch, config, store, ...): today
 # they import the blocked libraries lazily, tomorrow one may do it at the top
 ours = sorted(n for n in sys.modules if n.startswith("hcp_tune."))
 strays = [n for n in ours if not n.startswith("hcp_tune.job") and n not in JOB_SIDE]
 assert not strays, f"the job imported orchestrator modules: {strays}"
 print("payload ran:", result.status.value, result.error or "")
 """
-JOB_SIDE = {"hcp_tune.spec", "hcp_tune.flops", "hcp_tune.noise", "hcp_tune.launch"}  # standard library only
+JOB_SIDE = {"hcp_tune.spec", "hcp_tune.flops", "hcp_tune.noise", "hcp_tune.merge"}  # the contract: standard library only
 
 
 def _run_pickled_payload(tmp_path, fn, *args):
@@ -134,7 +135,7 @@ def test_sitecustomize_blocker_reaches_a_fresh_interpreter(tmp_path):
 
 def test_job_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path):
     """The one payload of both executors; every rank of a job is a task that runs it."""
-    from hcp_tune.sweep import batch_payload  # what the sweep pickles
+    from hcp_tune.engine.sweep import batch_payload  # what the sweep pickles
 
     assert batch_payload.__module__.startswith("hcp_tune.job.")
     proc = _run_pickled_payload(tmp_path, batch_payload, [_payload_spec(1, 1, "one-rank")])

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hcp_tune.job import dist as jdist
-from hcp_tune.job.entry import run_trial
+from hcp_tune.job.trial import run_trial
 from hcp_tune.spec import FailureClass, Status, TrialSpec
 
 QUERIES = {"is_available", "device_count"}  # ask what exists; bind nothing
@@ -136,8 +136,8 @@ def test_gpu_below_sm80_is_an_environment_failure(monkeypatch):
     ("torch", "bf16", ("torch", "bf16", "")),  # asked for: proven against no-CP bf16
 ])
 def test_backend_choice_on_a_gpu_with_te(monkeypatch, backend, dtype, want):
-    from hcp_tune.job import te_attention
-    from hcp_tune.job.entry import choose_backend
+    from hcp_tune.job.attention import te as te_attention
+    from hcp_tune.job.backend import choose_backend
 
     CudaRecorder(monkeypatch)
     monkeypatch.setattr(te_attention, "te_unavailable_reason", lambda: None)  # "TE is here"
@@ -148,8 +148,9 @@ def test_backend_choice_on_a_gpu_with_te(monkeypatch, backend, dtype, want):
 
 
 def test_te_with_fp32_is_refused_when_asked_for_explicitly(monkeypatch):
-    from hcp_tune.job import te_attention
-    from hcp_tune.job.entry import EnvironmentProblem, choose_backend
+    from hcp_tune.job.attention import te as te_attention
+    from hcp_tune.job.backend import choose_backend
+    from hcp_tune.job.failures import EnvironmentProblem
 
     CudaRecorder(monkeypatch)
     monkeypatch.setattr(te_attention, "te_unavailable_reason", lambda: None)

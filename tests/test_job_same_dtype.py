@@ -12,17 +12,24 @@ import logging
 
 import pytest
 import torch
-
 from conftest import make_spec
-from hcp_tune.job import verify
-from hcp_tune.job.te_attention import TE_LOGGER, BackendLog, parse_selected_backend
-from hcp_tune.layout import Layout
-from hcp_tune.spec import FailureClass, Status, TrialResult, result_from_json, spec_from_json, to_json
+
+from hcp_tune.job.attention import verify
+from hcp_tune.job.attention.te import TE_LOGGER, BackendLog, parse_selected_backend
+from hcp_tune.space.layout import Layout
+from hcp_tune.spec import (
+    FailureClass,
+    Status,
+    TrialResult,
+    result_from_json,
+    spec_from_json,
+    to_json,
+)
 
 
 @pytest.fixture(scope="module")
 def low_precision(tmp_path_factory):
-    from hcp_tune.launch import run_local_batch
+    from hcp_tune.engine.launch import run_local_batch
 
     specs = [
         make_spec(Layout(2, 2), seq=256, backend="torch", dtype="bf16", trial_id="bf16-2x2"),
@@ -150,7 +157,7 @@ def test_new_fields_round_trip():
 
 
 def test_te_backend_format_and_notes_reach_the_trial_row():
-    from hcp_tune.store import SweepKey, trial_row
+    from hcp_tune.engine.store import SweepKey, trial_row
 
     key = SweepKey(cluster="dgx-h100", model="llama3-8b", tp=1, cp=4, seq=16384,
                    runner="attention", env_tag="te-2.17")
@@ -164,7 +171,7 @@ def test_te_backend_format_and_notes_reach_the_trial_row():
 def test_each_te_layer_records_only_its_own_selection_and_leaves_no_handler():
     """TEAttention listens to TE's logger only during its own forward (no TE here: the
     layer inside is a stand-in that logs the way TE's backend selection does)."""
-    from hcp_tune.job.te_attention import TEAttention
+    from hcp_tune.job.attention.te import TEAttention
 
     class LoggingLayer:
         def __init__(self, name):

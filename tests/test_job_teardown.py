@@ -6,9 +6,9 @@ records, before it makes its own groups, how many file descriptors its rank 0 ho
 how many process groups torch.distributed still knows: both must stay flat.
 """
 import pytest
-
 from conftest import make_spec
-from hcp_tune.layout import Layout
+
+from hcp_tune.space.layout import Layout
 from hcp_tune.spec import Status
 
 pytestmark = pytest.mark.multiproc
@@ -18,7 +18,7 @@ TRIALS = 21
 
 @pytest.fixture(scope="module")
 def many(tmp_path_factory):
-    from hcp_tune.launch import run_local_batch
+    from hcp_tune.engine.launch import run_local_batch
 
     layouts = [Layout(1, 2), Layout(2, 1)]
     specs = [make_spec(layouts[i % 2], seq=32, trial_id=f"t{i:02d}", warmup_steps=0,

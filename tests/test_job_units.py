@@ -4,10 +4,12 @@ attention blocks, statistics, FLOPs, the TE path's availability and version rule
 import pytest
 import torch
 
-from hcp_tune.job import bench, dist as jdist, verify
-from hcp_tune.job.entry import run_trial
-from hcp_tune.job.ref_attention import RefHCPAttention
-from hcp_tune.job.te_attention import te_min_version_ok, te_unavailable_reason
+from hcp_tune.job import bench
+from hcp_tune.job import dist as jdist
+from hcp_tune.job.attention import verify
+from hcp_tune.job.attention.reference import RefHCPAttention
+from hcp_tune.job.attention.te import te_min_version_ok, te_unavailable_reason
+from hcp_tune.job.trial import run_trial
 from hcp_tune.spec import FailureClass, Status, TrialSpec
 
 
@@ -129,8 +131,9 @@ def test_te_attention_on_hierarchical_groups(tmp_path):
     if reason:
         pytest.skip(f"TE path not testable here: {reason}")
     from conftest import make_spec
-    from hcp_tune.launch import run_local
-    from hcp_tune.layout import Layout
+
+    from hcp_tune.engine.launch import run_local
+    from hcp_tune.space.layout import Layout
 
     spec = make_spec(Layout(2, 2), seq=1024, backend="te", dtype="bf16", warmup_steps=2,
                      measure_steps=3)
@@ -146,8 +149,9 @@ def test_te_attention_on_hierarchical_groups(tmp_path):
 def test_gpu_profile_trial_on_a_node_without_cuda_is_an_environment_failure():
     import torch
 
-    from hcp_tune.job.entry import EnvironmentProblem, choose_backend, classify
-    from hcp_tune.layout import Layout
+    from hcp_tune.job.backend import choose_backend
+    from hcp_tune.job.failures import EnvironmentProblem, classify
+    from hcp_tune.space.layout import Layout
     from hcp_tune.spec import FailureClass
 
     if torch.cuda.is_available():
@@ -163,11 +167,10 @@ def test_gpu_profile_trial_on_a_node_without_cuda_is_an_environment_failure():
 
 def test_ranks_on_a_node_share_its_cores(monkeypatch):
     import os
-
-    from hcp_tune.job import entry
-    from hcp_tune.job.dist import DistEnv
-
     import sys
+
+    from hcp_tune.job import batch
+    from hcp_tune.job.dist import DistEnv
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)  # this process's torch: untouched
 
@@ -177,7 +180,7 @@ def test_ranks_on_a_node_share_its_cores(monkeypatch):
         for k, v in environ.items():
             monkeypatch.setenv(k, v)
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-        entry._share_cpus(DistEnv(0, 0, world, "127.0.0.1", 1, source, hosts))
+        batch._share_cpus(DistEnv(0, 0, world, "127.0.0.1", 1, source, hosts))
         return os.environ.get("OMP_NUM_THREADS")
 
     assert threads("slurm", 4, ("n1",)) == "2"  # 4 ranks on one 8-core node

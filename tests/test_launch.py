@@ -5,16 +5,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import make_spec
-from hcp_tune.launch import run_local_batch
-from hcp_tune.layout import Layout
+
+from hcp_tune.engine.launch import run_local_batch
+from hcp_tune.space.layout import Layout
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_launcher_imports_no_torch():
-    code = "import sys, hcp_tune.launch; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, hcp_tune.engine.launch; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -34,8 +34,8 @@ def test_local_executor_runs_one_task_per_rank_on_the_allowed_gpus(tmp_path, mon
     """The sweep's local job has the SLURM job's shape: every rank its own submitit task."""
     import dataclasses
 
-    from hcp_tune import dispatch
-    from hcp_tune.launch import default_executor
+    from hcp_tune.engine import dispatch
+    from hcp_tune.engine.launch import default_executor
 
     cfg = dataclasses.replace(default_executor(), folder=str(tmp_path))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
@@ -46,8 +46,8 @@ def test_local_executor_runs_one_task_per_rank_on_the_allowed_gpus(tmp_path, mon
 
 
 def test_sweep_hands_both_executors_the_same_payload():
+    from hcp_tune.engine.sweep import Sweeper
     from hcp_tune.job.payload import batch_payload
-    from hcp_tune.sweep import Sweeper
 
     specs = [make_spec(Layout(1, 2))]
     for name in ("local", "slurm"):

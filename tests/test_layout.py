@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from hcp_tune.cluster import ClusterProfile
-from hcp_tune.layout import Layout, enumerate_layouts, factorizations, rank_groups
-from hcp_tune.model import ModelSpec
+from hcp_tune.config.cluster import ClusterProfile
+from hcp_tune.config.model import ModelSpec
+from hcp_tune.space.layout import Layout, enumerate_layouts, factorizations, rank_groups
 
 H100 = ClusterProfile(
     name="h", device="cuda", gpu_name="x", gpus_per_node=8, intra_node_bw_gbs=450,
@@ -189,7 +189,7 @@ def test_the_bridge_128k_recipe_world_is_64_ranks_on_8_nodes_with_p2p_crossing()
 
 
 def test_stage_groups_are_stage_zeros_alone():
-    from hcp_tune.layout import Candidate
+    from hcp_tune.space.layout import Candidate
 
     cand = Candidate(Layout(2, 2), tp=1, seq=4096, dp=1, kept=True, pp=2)
     assert cand.stage_groups(8) == rank_groups(Layout(2, 2), tp=1, gpus_per_node=8)

@@ -7,12 +7,16 @@ import shutil
 import optuna
 import pytest
 
-from hcp_tune.records import (
-    Recommendation, ResultsTooNew, TrialRow, Verification, RECOMMENDATION_COLUMNS,
+from hcp_tune.engine.records import (
+    RECOMMENDATION_COLUMNS,
+    Recommendation,
+    ResultsTooNew,
+    TrialRow,
+    Verification,
 )
+from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
+from hcp_tune.engine.tuner import ROW_PART_CHARS, LayoutStudy, Ledger, open_storage
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
-from hcp_tune.store import ResultStore, SweepKey, trial_row
-from hcp_tune.tuner import ROW_PART_CHARS, LayoutStudy, Ledger, open_storage
 
 PROOF = {"groups": {"match": True}, "numerics": {"passed": True}}
 KEY = SweepKey("local", "tiny", 1, 4, 2048, "attention", "default")

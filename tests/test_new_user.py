@@ -117,9 +117,9 @@ def test_a_sweep_that_measured_nothing_exits_1_and_stored_failures_can_be_retrie
 
 
 def test_keys_left_without_a_measurement_are_named_when_others_were_measured():
-    from hcp_tune.ui import unmeasured_lines as _unmeasured_lines
-    from hcp_tune.store import SweepKey
-    from hcp_tune.sweep import SweepSummary
+    from hcp_tune.engine.store import SweepKey
+    from hcp_tune.engine.sweep import SweepSummary
+    from hcp_tune.outputs.ui import unmeasured_lines as _unmeasured_lines
 
     k1, k2 = (SweepKey("local", "tiny", 1, 2, seq, "attention", "default") for seq in (256, 512))
     summary = SweepSummary(keys=[k1, k2], failures={k2: {"oom": 1}},

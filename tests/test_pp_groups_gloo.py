@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hcp_tune.layout import Layout, rank_groups
+from hcp_tune.space.layout import Layout, rank_groups
 
 WORKER = Path(__file__).with_name("pp_groups_worker.py")
 WORLD = 8

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hcp_tune import config, predict
+from hcp_tune import config
+from hcp_tune.costmodel import predict
 from hcp_tune.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent

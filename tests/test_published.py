@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hcp_tune import agreement, calibrate, config
-from hcp_tune.agreement import kendall_tau
-from hcp_tune.costmodel import CostParams
+from hcp_tune import config
+from hcp_tune.costmodel import agreement, calibrate
+from hcp_tune.costmodel.agreement import kendall_tau
+from hcp_tune.costmodel.formulas import CostParams
 
 REPO = Path(__file__).resolve().parent.parent
 YUNCHANG = REPO / "benchmarks" / "published" / "yunchang-a100-fwd.jsonl"

@@ -1,4 +1,4 @@
-"""The planned rank groups (``hcp_tune.layout.rank_groups``) against Megatron-Core's own
+"""The planned rank groups (``hcp_tune.space.layout.rank_groups``) against Megatron-Core's own
 construction, with whichever Megatron-Core this lane installed (0.16 on Python 3.11, 0.19
 on 3.12).
 
@@ -15,7 +15,7 @@ import inspect
 import pytest
 from megatron.core import parallel_state as ps
 
-from hcp_tune.layout import factorizations, rank_groups
+from hcp_tune.space.layout import factorizations, rank_groups
 
 ORDER = inspect.signature(ps.initialize_model_parallel).parameters["order"].default
 COMBOS = [(tp, cp, dp) for tp in (1, 2, 4, 8) for cp in (1, 2, 3, 4, 6, 8, 12, 16)

@@ -4,9 +4,9 @@ Every kept layout of the plan (the p2p [1,cp] and a2a [cp,1] baselines included)
 the single-process result; the trial's own proof records it.
 """
 import pytest
-
 from conftest import kept_layouts
-from hcp_tune.layout import Layout
+
+from hcp_tune.space.layout import Layout
 from hcp_tune.spec import Status
 
 pytestmark = pytest.mark.multiproc

@@ -9,8 +9,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from regress_rows import FP, rows_for, store  # noqa: E402
 
-from hcp_tune.regress import (  # noqa: E402
-    MIN_TRIALS, Options, RegressError, bootstrap_ratio_ci, compare,
+from hcp_tune.outputs.regress import (  # noqa: E402
+    MIN_TRIALS,
+    Options,
+    RegressError,
+    bootstrap_ratio_ci,
+    compare,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -264,7 +268,7 @@ def test_regress_and_report_do_not_import_torch_or_pandas(results, command):
 
 
 def test_recommend_warns_about_rows_with_an_injected_delay(tmp_path):
-    from hcp_tune.store import ResultStore
+    from hcp_tune.engine.store import ResultStore
 
     res = store(tmp_path / "res", rows_for("t", 2, 2, BASE, fp={**FP, "inject_delay": "a2a:1"}))
     ResultStore(res).rebuild()
@@ -313,7 +317,7 @@ def test_a_missing_field_and_none_are_the_same_fingerprint():
 
 
 def test_keys_differing_only_in_pp_are_never_compared_and_old_rows_are_pp_1():
-    from hcp_tune.regress import key_text, row_key
+    from hcp_tune.outputs.regress import key_text, row_key
 
     assert row_key({"cluster": "c", "model": "m", "tp": 1, "cp": 4, "seq": 8, "runner": "a"}) \
         == ("c", "m", 1, 1, 4, 8, "a")

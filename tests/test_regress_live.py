@@ -24,11 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from hcp_tune import config, regress
-from hcp_tune.launch import run_local_batch
-from hcp_tune.plan import candidates
-from hcp_tune.store import ResultStore, SweepKey, trial_row
-from hcp_tune.sweep import spec_for
+from hcp_tune import config
+from hcp_tune.engine.launch import run_local_batch
+from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
+from hcp_tune.engine.sweep import spec_for
+from hcp_tune.outputs import regress
+from hcp_tune.space.plan import candidates
 
 REPO = Path(__file__).resolve().parent.parent
 REPEATS = 3

@@ -18,9 +18,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from regress_rows import rows_for, store  # noqa: E402
 
-from hcp_tune import html_report, regress, report  # noqa: E402
-from hcp_tune.store import ResultStore  # noqa: E402
-from hcp_tune.svg import COLOURS  # noqa: E402
+from hcp_tune.engine.store import ResultStore  # noqa: E402
+from hcp_tune.outputs import html_report, regress, report  # noqa: E402
+from hcp_tune.outputs.svg import COLOURS  # noqa: E402
 
 BASE = [1.00, 1.01, 0.99]
 

@@ -2,8 +2,8 @@
 import re
 from pathlib import Path
 
-from hcp_tune.rules import BY_ID, LAYOUT_RULES, RULES, Facts, evaluate
-from hcp_tune.settings import CP_MAX, SEQ_MAX, TP_MAX
+from hcp_tune.config.settings import CP_MAX, SEQ_MAX, TP_MAX
+from hcp_tune.upstream.rules import BY_ID, LAYOUT_RULES, RULES, Facts, evaluate
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

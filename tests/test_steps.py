@@ -12,16 +12,22 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import make_spec
-from hcp_tune import dispatch
-from hcp_tune.dispatch import ExecutorConfig
-from hcp_tune.job.steps import StepLaunch, run_steps, srun_argv
-from hcp_tune.layout import Layout
-from hcp_tune.spec import FailureClass, Status, result_from_json
 from test_sweep import (
-    TINY, ctrl_c_once_submitted, hcp, kill_after_first_row_and_resume, rows, squeue_ids, wait_for,
+    TINY,
+    ctrl_c_once_submitted,
+    hcp,
+    kill_after_first_row_and_resume,
+    rows,
+    squeue_ids,
+    wait_for,
 )
+
+from hcp_tune.engine import dispatch
+from hcp_tune.engine.dispatch import ExecutorConfig
+from hcp_tune.job.steps import StepLaunch, run_steps, srun_argv
+from hcp_tune.space.layout import Layout
+from hcp_tune.spec import FailureClass, Status, result_from_json
 
 STEPS = [*TINY, "search.early_stop=false", "executor.trials_per_job=6", "executor.batch=steps"]
 DEFAULTS = yaml.safe_load((Path(__file__).parents[1] / "conf/executor/slurm.yaml").read_text())
@@ -115,7 +121,7 @@ def test_batch_mode_is_checked_at_load_in_one_line():
     ("attention", "auto", False, 3), ("attention", "steps", True, 3)])
 def test_auto_runs_bridge_as_steps_and_batches_it(tmp_path, runner, batch, steps, per_job):
     from hcp_tune import config
-    from hcp_tune.sweep import Sweeper
+    from hcp_tune.engine.sweep import Sweeper
 
     cfg = config.load(["cluster=local", "model=tiny", "cp=2", "seq=[256,512]",
                        f"runner={runner}", f"executor.batch={batch}", "executor=local",
@@ -220,8 +226,9 @@ def test_an_environment_failure_gives_up_the_allocation(tmp_path):
 
 @pytest.mark.multiproc
 def test_steps_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path):
-    from hcp_tune.sweep import steps_payload  # what the sweep pickles
     from test_job_boundary import _payload_spec, _run_pickled_payload
+
+    from hcp_tune.engine.sweep import steps_payload  # what the sweep pickles
 
     assert steps_payload.__module__.startswith("hcp_tune.job.")
     spec = _payload_spec(1, 2, "two-ranks")

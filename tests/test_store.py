@@ -4,10 +4,15 @@ import multiprocessing as mp
 import pandas as pd
 import pytest
 
-from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
-from hcp_tune.store import (
-    RECOMMENDATION_COLUMNS, TRIAL_COLUMNS, ResultStore, SweepKey, recommendations, trial_row,
+from hcp_tune.engine.store import (
+    RECOMMENDATION_COLUMNS,
+    TRIAL_COLUMNS,
+    ResultStore,
+    SweepKey,
+    recommendations,
+    trial_row,
 )
+from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 PROOF = {"groups": {"match": True}, "numerics": {"passed": True}}
 KEY = SweepKey("local", "tiny", 1, 4, 2048, "attention", "default")
@@ -113,7 +118,7 @@ def test_two_sweeps_writing_one_folder_corrupt_nothing(tmp_path):
 
 
 def test_a_measured_best_that_would_not_fit_is_never_recommended():
-    from hcp_tune.recommend import unfit_reason
+    from hcp_tune.outputs.recommend import unfit_reason
 
     rec = {"a2a": 2, "p2p": 4, "peak_mem_bytes": 90 * 1024**3}
     assert unfit_reason(rec, [], 80) == "[2,4] measured 90.0 GiB peak > 80 GiB per GPU"

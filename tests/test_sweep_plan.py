@@ -5,12 +5,13 @@ import dataclasses
 
 import pytest
 
-from hcp_tune import config, predict
-from hcp_tune.fit import advice_line
+from hcp_tune import config
+from hcp_tune.costmodel import predict
+from hcp_tune.costmodel.memory import advice_line
+from hcp_tune.engine.store import trial_row
+from hcp_tune.engine.sweep_plan import kept_by_key, key_for, plan_sweep, rows_of
+from hcp_tune.engine.tuner import Outstanding
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
-from hcp_tune.store import trial_row
-from hcp_tune.sweep_plan import key_for, kept_by_key, plan_sweep, rows_of
-from hcp_tune.tuner import Outstanding
 
 # cp=4 on the tiny model: layouts [1,4] [2,2] [4,1]; the cost model predicts 4, 2, 1 fastest first
 CFG = config.load(["cluster=local", "model=tiny", "cp=4", "seq=[256,512]", "runner=attention"])
@@ -194,8 +195,8 @@ def test_keys_are_the_sweeps_keys_with_a_kept_layout():
 
 def test_the_sweep_shows_the_recommendations_of_its_own_keys_only():
     from hcp_tune.cli import _own_recommendations
-    from hcp_tune.store import KEY_FIELDS, recommendations
-    from hcp_tune.sweep import SweepSummary
+    from hcp_tune.engine.store import KEY_FIELDS, recommendations
+    from hcp_tune.engine.sweep import SweepSummary
 
     mine = stored(K256, 2)
     other = stored(dataclasses.replace(K256, env_tag="te-2.10"), 2, trial_id="x-a2")

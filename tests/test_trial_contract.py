@@ -4,8 +4,15 @@ import json
 import pytest
 
 from hcp_tune.spec import (
-    FailureClass, Status, TrialResult, TrialSpec, classify_error_text, first_error_line,
-    result_from_json, spec_from_json, to_json,
+    FailureClass,
+    Status,
+    TrialResult,
+    TrialSpec,
+    classify_error_text,
+    first_error_line,
+    result_from_json,
+    spec_from_json,
+    to_json,
 )
 
 

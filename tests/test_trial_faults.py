@@ -6,11 +6,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import make_spec
-from hcp_tune.job.entry import merge_root_cause, rank_out_path
-from hcp_tune.launch import run_local
-from hcp_tune.layout import Layout
+
+from hcp_tune.engine.launch import run_local
+from hcp_tune.merge import merge_root_cause, rank_out_path
+from hcp_tune.space.layout import Layout
 from hcp_tune.spec import FailureClass, Status, TrialResult, to_json
 
 
@@ -111,7 +111,7 @@ def test_the_executors_time_limit_signal_is_a_time_limit_failure():
     """Both executors signal rank 0 before their limit; submitit raises this in the trial."""
     from submitit.core.utils import UncompletedJobError
 
-    from hcp_tune.job.entry import classify
+    from hcp_tune.job.failures import classify
 
     cls, line = classify(UncompletedJobError(
         "Job not requeued because: timed-out and not checkpointable."))

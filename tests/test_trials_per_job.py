@@ -2,9 +2,10 @@
 trials spread evenly over the free job slots."""
 import pytest
 
-from hcp_tune import config, cost
+from hcp_tune import config
+from hcp_tune.config.settings import AUTO_TRIALS_PER_JOB_MAX
+from hcp_tune.engine import budget as cost
 from hcp_tune.errors import ConfigError
-from hcp_tune.settings import AUTO_TRIALS_PER_JOB_MAX
 
 
 @pytest.mark.parametrize("queued, slots, expected", [
@@ -39,7 +40,7 @@ def test_a_bad_value_names_both_forms(value):
 
 def test_the_estimate_shares_a_job_start_as_auto_packs_the_trials():
     base = ["cp=2", "seq=[256,512]", "model=tiny", "cluster=local"]
-    from hcp_tune import predict
+    from hcp_tune.costmodel import predict
 
     def seconds(setting):
         cfg = config.load([*base, f"executor.trials_per_job={setting}"])

@@ -1,9 +1,9 @@
 """The optuna study per sweep key and the early-stopping rule."""
 import pytest
 
+from hcp_tune.engine.sweep import read_progress, should_prune
+from hcp_tune.engine.tuner import LayoutStudy, open_storage
 from hcp_tune.spec import Status
-from hcp_tune.sweep import read_progress, should_prune
-from hcp_tune.tuner import LayoutStudy, open_storage
 
 
 def test_study_resumes_from_the_journal_file(tmp_path):
@@ -72,7 +72,7 @@ def test_progress_lines_skip_warmup_and_a_half_written_line(tmp_path):
 def test_a_trial_that_measured_all_its_steps_is_never_pruned(tmp_path):
     from types import SimpleNamespace
 
-    from hcp_tune.sweep import Sweeper
+    from hcp_tune.engine.sweep import Sweeper
 
     progress = tmp_path / "t.jsonl"
     progress.write_text("".join(f'{{"step": {i}, "time_s": 2.0}}\n' for i in range(3)))
@@ -94,9 +94,9 @@ def test_a_trial_that_measured_all_its_steps_is_never_pruned(tmp_path):
     ],
 )
 def test_a_job_that_ended_without_a_result_is_classified(state, error, expected):
-    from hcp_tune.dispatch import JobOutcome, JobState
+    from hcp_tune.engine.dispatch import JobOutcome, JobState
+    from hcp_tune.engine.sweep import failed_from_job
     from hcp_tune.spec import TrialSpec
-    from hcp_tune.sweep import failed_from_job
 
     spec = TrialSpec(trial_id="t", a2a=2, p2p=2, seq=64, heads=8, kv_heads=8, head_dim=8)
     res = failed_from_job(spec, JobOutcome(state=JobState.FAILED, scheduler_state=state,
@@ -107,9 +107,9 @@ def test_a_job_that_ended_without_a_result_is_classified(state, error, expected)
 
 @pytest.mark.parametrize("state", ["CANCELLED", "PREEMPTED", "NODE_FAIL", "REQUEUED"])
 def test_a_job_ended_from_outside_is_cancelled_and_measured_again(state):
-    from hcp_tune.dispatch import JobOutcome, JobState
+    from hcp_tune.engine.dispatch import JobOutcome, JobState
+    from hcp_tune.engine.sweep import failed_from_job
     from hcp_tune.spec import TrialSpec
-    from hcp_tune.sweep import failed_from_job
 
     spec = TrialSpec(trial_id="t", a2a=2, p2p=2, seq=64, heads=8, kv_heads=8, head_dim=8)
     res = failed_from_job(spec, JobOutcome(state=JobState.FAILED, scheduler_state=state))

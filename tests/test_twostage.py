@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hcp_tune import config, twostage
+from hcp_tune import config
+from hcp_tune.engine import twostage
+from hcp_tune.engine.store import SweepKey, trial_row
 from hcp_tune.spec import Status, TrialResult, TrialSpec
-from hcp_tune.store import SweepKey, trial_row
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = config.load(["runner=attention+bridge", "cluster=local", "model=tiny", "cp=4",

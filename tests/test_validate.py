@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hcp_tune.cluster import ClusterProfile
+from hcp_tune.config.cluster import ClusterProfile
+from hcp_tune.config.model import ModelSpec
 from hcp_tune.errors import ConfigError, InputFileError
-from hcp_tune.model import ModelSpec
-from hcp_tune.rules import RULES
-from hcp_tune.validate import apply_overrides, check, read_config_file, suggest_sizes
+from hcp_tune.space.validate import apply_overrides, check, read_config_file, suggest_sizes
+from hcp_tune.upstream.rules import RULES
 
 DRY_RUN = Path(__file__).parent / "data" / "bridge_dry_run.yaml"
 H100 = ClusterProfile(
@@ -229,7 +229,7 @@ def test_te_minimum_version(te, bad):
 
 
 def test_te_version_unknown_is_info(monkeypatch):
-    monkeypatch.setattr("hcp_tune.validate.installed_te_version", lambda: None)
+    monkeypatch.setattr("hcp_tune.space.validate.installed_te_version", lambda: None)
     fs = check(apply_overrides({}, GOOD), te_version=None)
     assert rules(fs) == ["te-version-unknown"] and fs[0].severity == "info"
     assert check(apply_overrides({}, [*GOOD, "model.cp_comm_type=p2p", NO_SIZES])) == []
@@ -351,7 +351,7 @@ def test_config_file_errors(tmp_path):
 
 
 def _pp_findings(**model):
-    from hcp_tune.validate import check
+    from hcp_tune.space.validate import check
 
     tree = {"model": {"context_parallel_size": 8, "cp_comm_type": "a2a+p2p",
                       "hierarchical_context_parallel_sizes": [2, 4], "seq_length": 131072,
@@ -372,7 +372,7 @@ def test_layers_not_divisible_by_pp_is_an_error_with_the_largest_dividing_pp():
 
 
 def test_pp_stage_placement_is_flagged_when_tp_cp_blocks_straddle_nodes():
-    from hcp_tune.rules import Facts, evaluate, BY_ID
+    from hcp_tune.upstream.rules import BY_ID, Facts, evaluate
 
     rule = (BY_ID["pp-stage-placement"],)
     bad = Facts(cp=6, tp=2, pp=2, gpus_per_node=8)  # blocks of 12 ranks on 8-GPU nodes
@@ -384,7 +384,8 @@ def test_pp_stage_placement_is_flagged_when_tp_cp_blocks_straddle_nodes():
 
 
 def test_plan_rejects_every_layout_when_pp_does_not_divide_the_layers():
-    from hcp_tune import config, plan
+    from hcp_tune import config
+    from hcp_tune.space import plan
 
     cfg = config.load(["cp=4", "seq=65536", "tp=1", "pp=3", "model=llama3-8b"])
     cands = plan.candidates(cfg)

@@ -17,8 +17,8 @@ from hcp_tune.spec import TrialResult, TrialSpec
 def batch_payload(specs: list[TrialSpec]) -> list[TrialResult]:
     """One rank of a job that runs ``specs`` (one world size) one after another in the same
     processes; each result is written to its ``result_path`` the moment the trial ends
-    (the orchestrator polls those), and all come back at the end (``entry.run_batch``)."""
-    from hcp_tune.job.entry import run_batch
+    (the orchestrator polls those), and all come back at the end (``job.batch.run_batch``)."""
+    from hcp_tune.job.batch import run_batch
 
     return run_batch(specs)
 

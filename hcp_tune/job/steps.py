@@ -39,11 +39,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from hcp_tune.job.batch import run_trials, write_result
 from hcp_tune.job.dist import free_port
-from hcp_tune.job.entry import _stop_reason, merge_root_cause, rank_out_path, run_trials, write_result
+from hcp_tune.job.progress import stop_reason
+from hcp_tune.merge import merge_root_cause, rank_out_path
 from hcp_tune.spec import (
-    FailureClass, Status, TrialResult, TrialSpec, atomic_write_text, classify_error_text,
-    first_error_line, result_from_json, spec_from_json, to_json,
+    FailureClass,
+    Status,
+    TrialResult,
+    TrialSpec,
+    atomic_write_text,
+    classify_error_text,
+    first_error_line,
+    result_from_json,
+    spec_from_json,
+    to_json,
 )
 
 STARTUP_S = 120.0  # per step, on top of the runner's time limit: imports, rendezvous
@@ -118,9 +128,9 @@ def run_steps(specs: list[TrialSpec], launch: Optional[StepLaunch], workdir: str
             _write(spec, res)
         elif _landed(spec) is not None:  # this job ran it before SLURM restarted the job
             res = _landed(spec)
-        elif _stop_reason(spec) is not None:  # early stop or Ctrl-C before it started
+        elif stop_reason(spec) is not None:  # early stop or Ctrl-C before it started
             res = TrialResult(trial_id=spec.trial_id, status=Status.PRUNED,
-                              world_size=spec.world_size, error=_stop_reason(spec),
+                              world_size=spec.world_size, error=stop_reason(spec),
                               notes=["not started: its stop file was there before its step"])
             _write(spec, res)
         else:

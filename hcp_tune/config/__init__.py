@@ -1,0 +1,236 @@
+"""Configuration: this module is the one loader; its submodules are the typed groups
+(``settings``, ``schema``), the cluster and model profiles and Bridge's recipes. Imports
+``upstream`` (rules checked at load) and the contract; nothing above it.
+
+Compose ``conf/`` with Hydra's compose API and turn it into a typed ``SweepConfig``.
+
+Everything Hydra can throw at a user (unknown group option, unknown key, malformed
+override) is translated here into one ``ConfigError`` line that names the override and
+what is expected. Every group then becomes its typed dataclass through the one schema layer
+(``schema.from_mapping``; the groups are in settings.py, cluster.py and model.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from hcp_tune.config.cluster import ClusterProfile, cluster_from_mapping
+from hcp_tune.config.model import ModelSpec, model_from_mapping
+from hcp_tune.config.recipes import recipe_for
+from hcp_tune.config.schema import from_mapping
+from hcp_tune.config.settings import ExecutorConfig, RunnerConfig, SearchConfig, TopLevel
+from hcp_tune.errors import ConfigError
+from hcp_tune.upstream.pipeline import Recompute
+from hcp_tune.upstream.rules import BY_ID, Facts, evaluate
+
+PKG_DIR = Path(__file__).resolve().parents[1]  # hcp_tune/: the wheel keeps conf/ and sweeps/ there
+REPO_ROOT = PKG_DIR.parent
+# Where conf/ and sweeps/ are: an installed wheel carries them as hcp_tune/conf and
+# hcp_tune/sweeps (pyproject's package-dir mapping; pip always unpacks wheels to files, so
+# a path is enough and Hydra's pkg:// source, which needs __init__.py in every folder, is
+# not); a source checkout or an editable install has them beside the package.
+DATA_ROOT = PKG_DIR if (PKG_DIR / "conf" / "config.yaml").is_file() else REPO_ROOT
+CONF_DIR = Path(os.environ.get("HCP_TUNE_CONF_DIR", DATA_ROOT / "conf"))
+GROUPS = ("cluster", "model", "runner", "executor", "search", "sweeps")
+
+
+def search_dirs() -> list[Path]:
+    """Extra config roots: ``HCP_TUNE_CONFIG_PATH`` (os.pathsep-separated), then the folder
+    holding ``sweeps/`` (the ``sweeps`` group). A user's profile in
+    ``<dir>/cluster/NAME.yaml`` becomes ``cluster=NAME``."""
+    extra = [Path(p) for p in os.environ.get("HCP_TUNE_CONFIG_PATH", "").split(os.pathsep) if p]
+    return [*extra, DATA_ROOT]
+
+
+def group_options(group: str) -> list[str]:
+    roots = [CONF_DIR, *search_dirs()]
+    names = {p.stem for r in roots for p in (r / group).glob("*.yaml")}
+    return sorted(names)
+
+
+def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
+    """One line for a Hydra exception, naming the user's override."""
+    text = str(exc)
+    m = re.search(r"Could not find '([\w.-]+)/([^']+)'", text)
+    if m:
+        group, name = m.groups()
+        options = ", ".join(group_options(group)) or "none"
+        where = "sweeps/" if group == "sweeps" else f"conf/{group}/"
+        return ConfigError(
+            f"{group}={name}: unknown {group} option; expected one of: {options} "
+            f"(or add {where}{name}.yaml)"
+        )
+    m = re.search(r"Could not override '([^']+)'", text) or re.search(
+        r"Key '([^']+)' is not in struct", text
+    )
+    if m:
+        key = m.group(1)
+        return ConfigError(
+            f"{key}: unknown key; expected one of: {', '.join(top_level_keys())} "
+            f"or a group ({', '.join(GROUPS)})"
+        )
+    bad = next((o for o in overrides if o.split("=", 1)[0].strip() and o in text), None)
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return ConfigError(
+        f"malformed override {bad or ' '.join(overrides)!r}: {first}; "
+        "expected KEY=VALUE in Hydra syntax, e.g. cp=8 seq=[65536,131072] cluster=dgx-h100"
+    )
+
+
+def top_level_keys() -> list[str]:
+    import yaml
+
+    data = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
+    return [k for k in data if k != "defaults"]
+
+
+def compose(overrides: list[str]) -> Any:
+    """The composed DictConfig for ``overrides`` (Hydra syntax), or a ``ConfigError``."""
+    for o in overrides:
+        if "=" not in o or not o.split("=", 1)[0].strip():
+            raise ConfigError(
+                f"malformed override {o!r}: expected KEY=VALUE, e.g. cp=8 or seq=[65536,131072]"
+            )
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    searchpath = ",".join(f"file://{d}" for d in search_dirs())
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return hydra_compose(
+                "config",
+                overrides=[f"hydra.searchpath=[{searchpath}]", *overrides],
+                return_hydra_config=True,
+            )
+    except ConfigError:
+        raise
+    except Exception as exc:  # Hydra's exception types vary by version: translate all
+        raise _translate(exc, overrides) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """The composed, validated configuration every subcommand works from. Every field is
+    typed and checked at load (``schema.from_mapping``); defaults are in conf/ only."""
+
+    cluster: ClusterProfile
+    model: ModelSpec
+    cp: int
+    seqs: tuple[int, ...]
+    tps: tuple[int, ...]
+    dp: int
+    mbs: int
+    dtype: Literal["bf16", "fp16", "fp32"]
+    drop_cross_node_a2a: bool
+    format: Literal["table", "json"]
+    results_dir: Path
+    env_tag: str
+    runner: RunnerConfig
+    executor: ExecutorConfig
+    search: SearchConfig
+    pp: int = 1  # pipeline stages (the world is tp*cp*dp*pp)
+    gbs: int = 0  # sequences per global batch; load() fills it (0 here: mbs*dp)
+    recompute: Recompute = Recompute()
+    recipe_note: str = ""  # which Bridge recipe chose tp/pp, or why none did ("" when given)
+
+    @property
+    def micro_batches(self) -> int:
+        """Pipeline micro-batches per step: gbs / (mbs*dp) (Megatron's calculator)."""
+        return max(1, (self.gbs or self.mbs * self.dp) // (self.mbs * self.dp))
+
+    def __post_init__(self) -> None:
+        problems = []
+        for tp in self.tps:
+            facts = Facts(tp=tp, heads=self.model.heads, kv_heads=self.model.kv_heads)
+            problems += [f"tp={tp}: {f.text} (model={self.model.name})"
+                         for f in evaluate(facts, (BY_ID["heads-tp"],))]
+        if problems:
+            raise ConfigError("\n".join(problems))
+
+
+def _group(node: Any) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def absolute_path(value: Any) -> Path:
+    """``value`` as an absolute path, against the current directory *now* (``~`` expanded).
+
+    Paths are resolved once, when the config is loaded: trials run in their own folders
+    (local ranks) or on other nodes (SLURM), where a relative path means something else.
+    """
+    return Path(os.path.abspath(os.path.expanduser(str(value))))
+
+
+def _parallel_sizes(t: TopLevel, model: str) -> tuple[tuple[int, ...], int, int, str]:
+    """(tps, pp, gbs, note): what the user gave, else Bridge's recipe for the model at each
+    seq (recipes.py), else tp=1 pp=1; gbs null is the recipe's, else mbs*dp."""
+    found = [r for s in t.seq if (r := recipe_for(model, s))]
+    tps = t.tp or tuple(dict.fromkeys(r.tp for r in found)) or (1,)
+    pp = t.pp or max((r.pp for r in found), default=1)
+    gbs = t.gbs or (found[0].gbs if found else t.mbs * t.dp)
+    if gbs % (t.mbs * t.dp):
+        gbs = t.mbs * t.dp * max(1, gbs // (t.mbs * t.dp))
+    note = ""
+    if t.tp is None or t.pp is None:
+        chosen = " ".join(f"{k}={v}" for k, v, given in (
+            ("tp", ",".join(map(str, tps)), t.tp), ("pp", pp, t.pp)) if given is None)
+        if found:
+            note = (f"{chosen} follow Bridge's recipe for model={model} seq="
+                    f"{','.join(str(s) for s in t.seq)}: "
+                    + "; ".join(dict.fromkeys(r.cite for r in found))
+                    + " (give tp=/pp= to choose)")
+        else:
+            note = (f"{chosen}: Bridge has no long-context recipe for model={model} at seq="
+                    f"{','.join(map(str, t.seq))} (give tp=/pp= to choose)")
+    return tps, pp, gbs, note
+
+
+def load(overrides: list[str]) -> SweepConfig:
+    """Compose, then build every group's typed dataclass; all problems reported together."""
+    cfg = compose(overrides)
+    choices = dict(cfg.hydra.runtime.choices)  # group -> selected option name
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+
+    def check(name: str, fn, *args) -> None:
+        try:
+            values[name] = fn(*args)
+        except ConfigError as exc:
+            problems.append(str(exc))
+
+    top = {f.name: _group(cfg[f.name]) for f in dataclasses.fields(TopLevel)}
+    check("top", from_mapping, TopLevel, top, "")
+    check("cluster", cluster_from_mapping, _group(cfg.cluster), choices["cluster"])
+    check("model", model_from_mapping, _group(cfg.model), choices["model"])
+    for name, cls in (("runner", RunnerConfig), ("executor", ExecutorConfig),
+                      ("search", SearchConfig)):
+        check(name, from_mapping, cls, _group(cfg[name]), name)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    t: TopLevel = values.pop("top")
+    tps, pp, gbs, note = _parallel_sizes(t, values["model"].name)
+    search, executor = values.pop("search"), values.pop("executor")
+    if search.storage and "://" not in search.storage:  # a journal file, not an RDB URL
+        search = dataclasses.replace(search, storage=str(absolute_path(search.storage)))
+    if executor.folder:
+        executor = dataclasses.replace(executor, folder=str(absolute_path(executor.folder)))
+    return SweepConfig(
+        **values, cp=t.cp, seqs=t.seq, tps=tps, pp=pp, gbs=gbs, dp=t.dp, mbs=t.mbs,
+        dtype=t.dtype, recipe_note=note,
+        recompute=Recompute(t.recompute, t.recompute_method, t.recompute_num_layers),
+        drop_cross_node_a2a=t.drop_cross_node_a2a, format=t.format,
+        results_dir=absolute_path(t.results_dir), env_tag=t.env_tag,
+        search=search, executor=executor,
+    )

@@ -1,0 +1,173 @@
+"""``predict``: the cost model's table for the composed sweep, and what sweeps take from it.
+
+- ``predict_rows(cfg)``: JSON-able table, kept layouts best first within each (tp, seq)
+  key, every number labelled predicted; rejected layouts with their reasons, no numbers.
+- ``ordering(cfg)``: kept candidates with predictions, fastest first (sweeps measure the
+  promising layouts first so early stopping bites sooner).
+- ``skip_slower_than(ordered, factor)``: which to skip because they are predicted slower
+  than the best of their key by more than ``factor`` (``search.skip_predicted_slower_than``).
+- ``fit_advice(cfg, ordered, params)``: per key where no layout is predicted to fit, the
+  smallest change that would (``fit.advice``).
+- ``resolve_runner(name, command=)``: ``runner=auto`` -> model (no GPU, no SLURM) or
+  attention for ``sweep``; always attention for ``trial``, which measures.
+
+Calibrated parameters for ``cfg.cluster``/``cfg.env_tag`` are used when stored; otherwise
+the defaults, and the label says which. No torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from typing import Any
+
+from hcp_tune.config import SweepConfig
+from hcp_tune.costmodel import memory as fit
+from hcp_tune.costmodel.calibrate import load_params
+from hcp_tune.costmodel.formulas import CostParams, Prediction, label_for, predict
+from hcp_tune.errors import ConfigError
+from hcp_tune.space.layout import Candidate
+from hcp_tune.space.plan import candidates as plan_candidates
+from hcp_tune.space.plan import notes
+
+
+def params_for(cfg: SweepConfig) -> CostParams:
+    """Calibrated parameters for this cluster and env tag, or the defaults."""
+    return load_params(cfg.results_dir, cfg.cluster.name, cfg.env_tag) or CostParams()
+
+
+def _key(c: Candidate) -> tuple[int, int]:
+    return (c.seq, c.tp)
+
+
+def ordering(cfg: SweepConfig, cands: list[Candidate] | None = None, *,
+             params: CostParams | None = None) -> list[tuple[Candidate, Prediction]]:
+    """Kept candidates with their predictions, by (seq, tp) key, fastest first in each key."""
+    params = params or params_for(cfg)
+    cands = plan_candidates(cfg) if cands is None else cands
+    pairs = [(c, predict(cfg.model, cfg.cluster, c, mbs=cfg.mbs, dtype=cfg.dtype, params=params,
+                         micro_batches=cfg.micro_batches, recompute=cfg.recompute))
+             for c in cands if c.kept]
+    return sorted(pairs, key=lambda cp: (_key(cp[0]), cp[1].step_time_s, cp[0].layout.a2a))
+
+
+def _best_by_key(ordered) -> dict[tuple[int, int], float]:
+    best: dict[tuple[int, int], float] = {}
+    for c, p in ordered:
+        best[_key(c)] = min(best.get(_key(c), p.step_time_s), p.step_time_s)
+    return best
+
+
+def skip_slower_than(ordered: list[tuple[Candidate, Prediction]],
+                     factor: float | None) -> list[dict[str, Any]]:
+    """Candidates predicted slower than ``factor`` x the best of their key (none if None).
+
+    Each is a dict ready to be stored as a ``skipped`` row: layout, predicted numbers, reason.
+    ``factor`` was checked at load (``search.skip_predicted_slower_than``: null or >= 1).
+    """
+    if factor is None:
+        return []
+    best = _best_by_key(ordered)
+    out = []
+    for c, p in ordered:
+        ratio = p.step_time_s / best[_key(c)]
+        if ratio > factor:
+            out.append({
+                "status": "skipped", "tp": c.tp, "cp": c.cp, "seq": c.seq,
+                "a2a": c.layout.a2a, "p2p": c.layout.p2p, "predicted": p.as_dict(),
+                "reason": f"predicted {ratio:.2f}x the best layout's step time "
+                          f"({p.step_time_s:.3g} s vs {best[_key(c)]:.3g} s) > "
+                          f"skip_predicted_slower_than={factor:g}",
+            })
+    return out
+
+
+def fit_advice(cfg: SweepConfig, ordered: list[tuple[Candidate, Prediction]],
+               params: CostParams) -> list[dict[str, Any]]:
+    """Per (seq, tp) key where no layout of ``ordered`` is predicted to fit the GPU memory,
+    the smallest change that would (``fit.advice``); reuses ``ordered``'s predictions."""
+    gpu_mem = cfg.cluster.gpu_memory_gib
+    unfit = sorted({_key(c) for c, _ in ordered}
+                   - {_key(c) for c, p in ordered if p.memory_gib <= gpu_mem})
+    return [fit.advice(dataclasses.replace(cfg, seqs=(seq,), tps=(tp,)), params)
+            for seq, tp in unfit]
+
+
+def _row(c: Candidate, p: Prediction, rank: int, best: float, gpu_mem: float) -> dict[str, Any]:
+    return {
+        "tp": c.tp, "cp": c.cp, "seq": c.seq, "dp": c.dp, "pp": c.pp, "a2a": c.layout.a2a,
+        "p2p": c.layout.p2p, "sizes": c.layout.sizes, "comm_type": c.layout.comm_type,
+        "rank": rank, "label": p.label, "predicted_step_time_s": p.step_time_s,
+        "vs_best": p.step_time_s / best,
+        "breakdown_s": {"compute_s": p.compute_s, "exposed_a2a_s": p.exposed_a2a_s,
+                        "exposed_p2p_s": p.exposed_p2p_s, "other_s": p.other_s,
+                        "recompute_s": p.recompute_s, "bubble_s": p.bubble_s,
+                        "pp_send_s": p.pp_send_s},
+        "terms_s": dataclasses.asdict(p.terms),  # the first three sums above, term by term
+        "predicted_memory_gib": p.memory_gib,
+        "memory_gib": {k: v for k, v in p.as_dict()["memory"].items()},
+        "fits_memory": p.memory_gib <= gpu_mem, "flags": list(c.flags),
+        "bridge_overrides": c.layout.bridge_overrides(),
+    }
+
+
+def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[str, Any]:
+    """The ``predict`` table: every kept layout predicted, best first in each (seq, tp) key."""
+    params = params or params_for(cfg)
+    cands = plan_candidates(cfg)
+    gpu_mem = cfg.cluster.gpu_memory_gib
+    # layouts predicted not to fit come last in their key and get no rank: never recommended
+    ordered = sorted(ordering(cfg, cands, params=params),
+                     key=lambda cp: (_key(cp[0]), cp[1].memory_gib > gpu_mem))
+    # vs_best against the fastest layout that fits (of all, in a key where none fits)
+    best = {**_best_by_key(ordered),
+            **_best_by_key([(c, p) for c, p in ordered if p.memory_gib <= gpu_mem])}
+    rows, rank, last = [], 0, None
+    for c, p in ordered:
+        rank = 1 if _key(c) != last else rank + 1
+        last = _key(c)
+        rows.append(_row(c, p, rank, best[_key(c)], gpu_mem))
+        if not rows[-1]["fits_memory"]:
+            rows[-1]["rank"] = None
+    advice = fit_advice(cfg, ordered, params)
+    return {
+        "label": label_for(cfg.cluster, params),
+        "params_source": params.source,
+        "params": params.as_dict(),
+        "cluster": cfg.cluster.name, "model": cfg.model.name, "cp": cfg.cp, "pp": cfg.pp,
+        "mbs": cfg.mbs, "gbs": cfg.gbs, "micro_batches": cfg.micro_batches,
+        "recompute": cfg.recompute.granularity, "dtype": cfg.dtype, "env_tag": cfg.env_tag,
+        "notes": notes(cfg),
+        "gpu_memory_gib": cfg.cluster.gpu_memory_gib,
+        "candidates": rows,
+        "fit_advice": advice,  # per (seq, tp) key where nothing fits: the smallest change
+        "rejected": [{"tp": c.tp, "cp": c.cp, "seq": c.seq, "a2a": c.layout.a2a,
+                      "p2p": c.layout.p2p, "sizes": c.layout.sizes, "reasons": list(c.reasons)}
+                     for c in cands if not c.kept],
+    }
+
+
+def resolve_runner(name: str, *, command: str = "sweep") -> tuple[str, str]:
+    """The runner to use for ``runner=name`` and a one-line reason ('' when as asked).
+
+    ``name`` was checked at load (settings.RunnerConfig). For ``sweep``, ``auto`` picks
+    ``model`` when this machine has no GPU (no ``nvidia-smi`` on PATH) and no SLURM (no
+    ``sbatch``), else ``attention``. ``trial`` always measures: ``auto`` is ``attention``
+    there and ``model`` is an error. Never imports torch.
+    """
+    if command == "trial":
+        if name == "model":
+            raise ConfigError(
+                "runner=model: trial measures one layout and runner=model only predicts; "
+                "use runner=attention (or auto), or `python -m hcp_tune predict ...` to predict")
+        return ("attention" if name == "auto" else name), ""
+    if name == "model":
+        return "model", ("runner=model: predicting with the cost model, nothing is measured; "
+                         "use runner=attention to measure")
+    if name != "auto":
+        return name, ""
+    gpu, slurm = shutil.which("nvidia-smi"), shutil.which("sbatch")
+    if gpu or slurm:
+        found = " and ".join(x for x, y in (("a GPU", gpu), ("SLURM", slurm)) if y)
+        return "attention", f"runner=auto: {found} here: measuring with runner=attention"
+    return "model", ("runner=auto: no GPU and no SLURM here: predicting with the cost model; "
+                     "run on a cluster with executor=slurm runner=attention to measure")

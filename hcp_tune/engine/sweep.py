@@ -1,0 +1,601 @@
+"""``sweep``: measure every kept layout of every sweep key and rank them.
+
+The loop: for each key (tp, seq) an optuna study (``tuner``) asks for layouts; each trial
+becomes a ``TrialSpec`` and a submitit job (``dispatch``); results come back as
+``TrialResult`` data, are stored the moment they arrive (``store``), told to the study,
+and shown live (``ui``). Up to ``array_parallelism`` trials run at once; the first batch
+goes out as one job array, later ones one by one as slots free up, so no batch waits for
+its slowest member. A running trial whose steps are clearly slower than the best so far is
+stopped (early stopping, the rule in ``should_prune``). Re-running the same command
+resumes: stored trials are not re-run and submitted ones are re-attached by job id. What
+to run, in which order, and what to resume, skip or re-attach is decided in one pure
+function (``sweep_plan.plan_sweep``); the ``Sweeper`` gathers its inputs and does the I/O.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hcp_tune.config import SweepConfig
+from hcp_tune.engine import budget as cost
+from hcp_tune.engine import dispatch, sweep_plan
+from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
+from hcp_tune.engine.sweep_plan import SweepPlan, failure_label, kept_by_key, plan_sweep
+
+# the jobs' payloads, both executors: on the job side, so a job imports none of the orchestrator
+from hcp_tune.job.payload import batch_payload, steps_payload
+from hcp_tune.merge import merge_root_cause
+from hcp_tune.noise import row_noise
+from hcp_tune.space.layout import Candidate
+from hcp_tune.spec import (
+    FailureClass,
+    Status,
+    TrialResult,
+    TrialSpec,
+    atomic_write_text,
+    classify_error_text,
+    result_from_json,
+)
+
+POLL_INTERVAL_S = 1.0  # how often the orchestrator polls jobs and progress files
+MIN_STEPS_TO_PRUNE = 3  # measured steps a running trial needs before it can be judged
+PRUNE_FLOOR = 0.05  # a trial is never stopped for being less than 5% slower than the best
+
+
+def _count(counts: dict, key: Any, label: str) -> None:
+    per_key = counts.setdefault(key, {})
+    per_key[label] = per_key.get(label, 0) + 1
+
+
+# a SLURM job that ended from outside (an administrator, preemption, a node lost): the trial
+# did not fail, it was interrupted, and the next run measures it again
+OUTSIDE_ENDINGS = frozenset({"CANCELLED", "PREEMPTED", "NODE_FAIL", "REQUEUED", "BOOT_FAIL",
+                             "DEADLINE", "REVOKED"})
+
+
+def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Path) -> TrialSpec:
+    """The trial a candidate layout runs, with the ranks its groups must have; its result
+    and stop files sit beside the progress folder, under ``<results_dir>/trials``."""
+    r, m = cfg.runner, cfg.model
+    trials_dir = progress_dir.parent / "trials"
+    return TrialSpec(
+        trial_id=trial_id, a2a=cand.layout.a2a, p2p=cand.layout.p2p, tp=cand.tp,
+        seq=cand.seq, mbs=cfg.mbs, dtype="fp32" if cfg.cluster.device == "cpu" else cfg.dtype,
+        heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim, hidden=m.hidden,
+        ffn_hidden=m.ffn_hidden, layers=m.layers, vocab=m.vocab,
+        runner=r.name, backend=r.backend, qkv_format=r.qkv_format, warmup_steps=r.warmup_steps,
+        measure_steps=r.measure_steps, time_limit_s=r.time_limit_s,
+        # one pipeline stage's groups: the attention runner measures a stage (world tp*cp*dp)
+        expected_groups=cand.stage_groups(cfg.cluster.gpus_per_node).as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
+        device=cfg.cluster.device,
+        progress_path=str(progress_dir / f"{trial_id}.jsonl"), env_tag=cfg.env_tag,
+        result_path=str(trials_dir / f"{trial_id}.result.json"),
+        stop_path=str(trials_dir / f"{trial_id}.stop"),
+        bridge_recipe=r.recipe, bridge_overrides=list(r.overrides),
+        inject_fault=r.inject_fault if r.inject_fault_seq in (None, cand.seq) else None,
+    )
+
+
+def read_result(spec: TrialSpec) -> Optional[TrialResult]:
+    """The result a batch job wrote for this trial (rank 0's, with a peer's root cause
+    merged in: ``merge_root_cause``), or None while there is none."""
+    if not spec.result_path:
+        return None
+    try:
+        res = result_from_json(Path(spec.result_path).read_text())
+    except (OSError, ValueError):
+        return None  # not written yet (the write itself is atomic)
+    return merge_root_cause(res, Path(spec.result_path), spec.world_size)
+
+
+def read_progress(path: Optional[str]) -> list[float]:
+    """Measured step times a running trial has written so far.
+
+    The job appends one JSON line per measured step (``{"step": i, "time_s": t}``).
+    """
+    if not path or not Path(path).exists():
+        return []
+    times = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the line being written right now
+        value = rec.get("time_s", rec.get("step_s"))
+        if rec.get("phase", "measure") == "measure" and value is not None:
+            times.append(float(value))
+    return times
+
+
+def should_prune(steps: list[float], best: Optional[dict[str, Any]]) -> bool:
+    """Stop a trial when even its fastest measured step is slower than the best layout's
+    median by more than the best's whole p10-p90 band (twice its ``noise.row_noise``), and
+    at least 5%.
+
+    Using the fastest step (not the median) makes the rule conservative: a trial with one
+    slow outlier is never stopped, only one that is slow on every step.
+    """
+    if best is None or len(steps) < MIN_STEPS_TO_PRUNE:
+        return False
+    return min(steps) > best["median_s"] * (1 + max(PRUNE_FLOOR, 2 * row_noise(best)))
+
+
+def partial_result(spec: TrialSpec, status: Status, steps: list[float], error: str) -> TrialResult:
+    res = TrialResult(trial_id=spec.trial_id, status=status, error=error, step_times_s=steps)
+    if steps:
+        res.median_s = statistics.median(steps)
+    return res
+
+
+def failed_from_job(spec: TrialSpec, outcome: dispatch.JobOutcome) -> TrialResult:
+    """A job that ended without a trial result (killed, timed out, crashed on start).
+
+    Ended from outside (scancel, preemption, a node lost, a requeue): ``cancelled``, which
+    the next run measures again; otherwise ``failed`` with SLURM's verdict or the error."""
+    sched = (outcome.scheduler_state or "").upper()
+    if outcome.state == dispatch.JobState.CANCELLED or sched in OUTSIDE_ENDINGS:
+        res = partial_result(spec, Status.CANCELLED, read_progress(spec.progress_path),
+                             f"job ended from outside the sweep ({sched or 'cancelled'}); "
+                             "measured again on the next run")
+        res.log_path = str(outcome.stderr) if outcome.stderr else None
+        return res
+    # SLURM's own verdicts first; otherwise the error text, read as the job side reads it
+    cls = {"TIMEOUT": FailureClass.TIME_LIMIT, "OUT_OF_MEMORY": FailureClass.OOM}.get(
+        sched) or classify_error_text(outcome.error or "")
+    if sched.startswith(dispatch.UNSCHEDULABLE):  # no trial of this shape can ever start here
+        cls = FailureClass.ENVIRONMENT
+    res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, failure_class=cls,
+                      error=outcome.error or f"job ended: {outcome.scheduler_state or 'unknown'}")
+    res.log_path = str(outcome.stderr) if outcome.stderr else None
+    return res
+
+
+@dataclass
+class Member:
+    """One trial of a running batch job."""
+
+    key: SweepKey
+    study: Any
+    number: int
+    spec: TrialSpec
+    cand: Optional[Candidate] = None
+    kept: list[Candidate] = field(default_factory=list)
+    done: bool = False  # its outcome is stored
+    stopping: bool = False  # its stop file is written (early stop)
+
+
+@dataclass
+class Running:
+    """A job and the trials it runs, in order, in the same processes."""
+
+    members: list[Member]
+    handle: dispatch.JobHandle
+    state: str = "pending"
+
+    def open(self) -> list[Member]:
+        return [m for m in self.members if not m.done]
+
+
+@dataclass
+class Work:
+    key: SweepKey
+    study: Any
+    cand: Candidate
+    kept: list[Candidate]
+
+
+@dataclass
+class SweepSummary:
+    stored: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    resumed: int = 0
+    reattached: int = 0
+    pruned: int = 0
+    aborted: str = ""  # why the sweep stopped submitting early, if it did
+    pruned_saved_steps: int = 0
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    keys: list[SweepKey] = field(default_factory=list)  # every key with a kept layout
+    # per key, by failure class (or "invalid"): what this run measured without a usable
+    # result, and the stored failures kept from earlier runs that search.retry would redo
+    failures: dict[SweepKey, dict[str, int]] = field(default_factory=dict)
+    kept_failures: dict[SweepKey, dict[str, int]] = field(default_factory=dict)
+    retried: int = 0  # stored failures measured again because of search.retry
+    requeued: int = 0  # trials a broken batch never ran, sent again in a new job
+    estimate: str = ""  # what the planned trials will cost, estimated (cost.Estimate.text)
+    budget_stop: str = ""  # why search.budget_gpu_hours stopped submitting, if it did
+    retry: str = "none"  # search.retry as given
+
+    def kept_failures_total(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for counts in self.kept_failures.values():
+            for label, n in counts.items():
+                total[label] = total.get(label, 0) + n
+        return total
+
+
+class Sweeper:
+    """One sweep run: plans the work, keeps the slots full, stores every outcome."""
+
+    def __init__(self, cfg: SweepConfig, reporter: Any, *,
+                 only: Optional[dict[tuple[int, int], set[int]]] = None) -> None:
+        from hcp_tune.engine import tuner
+
+        runner = cfg.runner.name
+        if runner not in ("attention", "bridge"):
+            raise ValueError(f"Sweeper measures: runner={runner!r} must be resolved first "
+                             "(predict.resolve_runner)")
+        self.cfg = cfg
+        self.reporter = reporter
+        self.store = ResultStore(cfg.results_dir)
+        self.exec_cfg = dataclasses.replace(
+            cfg.executor, folder=cfg.executor.folder or str(cfg.results_dir / "jobs"))
+        self.executor_name = dispatch.resolve_executor_name(self.exec_cfg.name)
+        # executor.batch: a batch's trials in one process set, or each as its own step
+        batch = self.exec_cfg.batch
+        self.steps = batch == "steps" or (batch == "auto" and runner == "bridge")
+        self.progress_dir = cfg.results_dir / "progress"
+        self.progress_dir.mkdir(parents=True, exist_ok=True)
+        # CPU trials share this machine's cores: measured side by side they would rank the
+        # contention, not the layouts. GPU trials get their own nodes and run in parallel.
+        self.slots = cost.job_slots(cfg)
+        self.early_stop = cfg.search.early_stop
+        storage = cfg.search.storage or str(cfg.results_dir / "optuna.journal")
+        self.storage = tuner.open_storage(storage)
+        self.only = only  # (tp, seq) -> the a2a sizes to measure; None: every kept layout
+        self.planned: Optional[SweepPlan] = None  # set by plan()
+        self.studies: dict[SweepKey, Any] = {}  # one tuner.LayoutStudy per key
+        # (tp, seq, a2a) -> cost.TrialCost, from the plan: the budget's per-trial estimate
+        self.costs: dict[tuple[int, int, int], Any] = {}
+        self.budget = cfg.search.budget_gpu_hours
+        self.spent_gpu_hours = 0.0  # the estimate of what this run has submitted
+        self.queue: list[Work] = []
+        self.running: list[Running] = []
+        self.summary = SweepSummary(retry=str(cfg.search.retry))
+        self.best: dict[str, dict[str, Any]] = {}  # key name -> best ok row
+
+    # ---------------------------------------------------------------- planning / resume
+    def key_for(self, cand: Candidate) -> SweepKey:
+        return sweep_plan.key_for(self.cfg, cand)
+
+    def plan(self) -> SweepPlan:
+        """Gather what is stored and what earlier runs submitted, make the plan
+        (``sweep_plan.plan_sweep``) and apply it: store the skipped layouts, re-attach
+        the outstanding trials by job id, queue the rest."""
+        from hcp_tune.costmodel import predict
+        from hcp_tune.engine import tuner
+
+        rows = self.store.rows()
+        stored_ids = {r.get("trial_id") for r in rows}
+        outstanding = {}
+        for key, kept in kept_by_key(self.cfg).items():
+            study = tuner.LayoutStudy(self.storage, key.name, [c.layout.a2a for c in kept])
+            study.abandon_unsubmitted()
+            self.studies[key] = study
+            outstanding[key] = study.outstanding(stored_ids)
+        plan = plan_sweep(self.cfg, rows, outstanding, params=predict.params_for(self.cfg),
+                          only=self.only)
+        self._apply(plan)
+        return plan
+
+    def _apply(self, plan: SweepPlan) -> None:
+        self.planned = plan
+        s = self.summary
+        s.keys = plan.keys
+        s.resumed, s.reattached, s.retried = plan.resumed, plan.reattached, plan.retried
+        s.kept_failures = {k: dict(v) for k, v in plan.kept_failures.items()}
+        s.estimate = plan.estimate_text
+        self.costs = dict(plan.costs)
+        for key, rows in plan.stored.items():
+            for r in rows:
+                self._note_best(key, r)
+        for skip in plan.skipped:
+            self._store_skipped(skip.key, skip.cand, {
+                "reason": skip.reason, "predicted": {"step_time_s": skip.predicted_step_s}},
+                study=self.studies.get(skip.key))
+        jobs: dict[tuple, Running] = {}
+        for r in plan.reattach:
+            o = r.trial
+            spec = spec_for(self.cfg, r.cand, o.trial_id, self.progress_dir)
+            job = (o.executor, o.folder, o.job_id)  # a batch's trials share their job
+            if job not in jobs:
+                jobs[job] = Running([], dispatch.attach(o.folder, o.job_id, o.executor))
+                self.running.append(jobs[job])
+            jobs[job].members.append(
+                Member(r.key, self.studies[r.key], o.number, spec, r.cand, plan.kept[r.key]))
+        for run in self.running:  # the job runs them in trial-number order
+            run.members.sort(key=lambda m: m.number)
+        self.queue.extend(Work(p.key, self.studies[p.key], p.cand, plan.kept[p.key])
+                          for p in plan.queue)
+
+    def _store_skipped(self, key: SweepKey, cand: Candidate, skip: dict[str, Any],
+                       study: Any = None) -> None:
+        """A layout the cost model says not to measure: its row file, and a PRUNED trial
+        with status ``skipped`` in the key's study (``study``, or the key's study opened
+        here; then its a2a is an attribute, not a parameter)."""
+        from hcp_tune.engine import tuner
+
+        trial_id = f"{key.slug}-skip-a{cand.layout.a2a}"
+        spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
+        result = TrialResult(trial_id=trial_id, status=Status.SKIPPED, error=skip["reason"])
+        row = trial_row(key, spec, result,
+                        predicted_step_s=skip["predicted"]["step_time_s"])
+        self.store.add(row, key)
+        (study or tuner.LayoutStudy(self.storage, key.name, [])).add_row(row)
+        self.summary.by_status["skipped"] = self.summary.by_status.get("skipped", 0) + 1
+        self.reporter.trial(spec, "skipped", skip["reason"])
+
+    def _note_best(self, key: SweepKey, row: dict[str, Any]) -> None:
+        if row["status"] == Status.OK.value and row.get("median_s"):
+            cur = self.best.get(key.name)
+            if cur is None or row["median_s"] < cur["median_s"]:
+                self.best[key.name] = row
+
+    # ---------------------------------------------------------------- submission
+    def _executor(self, spec: TrialSpec, trials: int):
+        """The same job for both executors: one task per rank, GPUs only on a GPU profile;
+        a steps batch runs one driver task (it starts each trial's ranks itself)."""
+        gpus = self.cfg.cluster.gpus_per_node if self.cfg.cluster.device == "cuda" else 0
+        ex = dispatch.make_executor(self.exec_cfg, world_size=spec.world_size, gpus_per_node=gpus,
+                                    tasks_per_node=1 if self.steps and self.executor_name == "local"
+                                    else None)
+        if self.steps and self.executor_name == "slurm":  # one driver; it runs srun steps
+            dispatch.use_steps(ex, self.exec_cfg)
+        if trials > 1:  # executor.time_limit_min is per trial: a batch gets one per trial
+            dispatch.scale_time_limit(ex, self.exec_cfg, trials)
+        return ex
+
+    def _args(self, specs: list[TrialSpec]) -> tuple:
+        if self.steps:  # executor.batch=steps: each trial its own process set (job.steps)
+            launch = None
+            if self.executor_name == "slurm":
+                cuda = self.cfg.cluster.device == "cuda"
+                launch = dispatch.step_launch(
+                    self.exec_cfg, world_size=specs[0].world_size,
+                    gpus_per_node=self.cfg.cluster.gpus_per_node if cuda else 0)
+            return (steps_payload, specs, launch,
+                    str(self.cfg.results_dir / "trials" / f"{specs[0].trial_id}.steps"))
+        return (batch_payload, specs)
+
+    def _cost(self, work: Work) -> Any:
+        return self.costs.get((work.cand.tp, work.cand.seq, work.cand.layout.a2a))
+
+    def _stop_for_budget(self, cost: Any) -> None:
+        """The next trial's estimate would take what was submitted past
+        ``search.budget_gpu_hours``: submit nothing more, and say so."""
+        self.summary.budget_stop = (
+            f"search.budget_gpu_hours={self.budget:g}: stopped submitting at an estimated "
+            f"{self.spent_gpu_hours:.3g} GPU-hours submitted (the next trial would add "
+            f"{cost.gpu_hours:.3g}); {len(self.queue)} trial(s) not run: raise the budget and "
+            "run the same command again to resume")
+        self.queue.clear()
+
+    def _take_batch(self, free: int) -> list[Work]:
+        """The next job's trials: up to ``trials_per_job`` queued trials of the first one's
+        world size (``auto``: its queued trials spread evenly over the ``free`` slots),
+        in queue order, within the budget, at most one per layout and key (a
+        repeat runs in another job: another allocation, other processes, so repeats
+        sample what varies between jobs), then grouped by layout (in the order
+        the layouts first appear) so a layout's groups are built once and reused across
+        sequence lengths."""
+        world = self.queue[0].cand.tp * self.queue[0].cand.cp
+        # Bridge sets up its global state per pretrain run: in one process set, one Bridge
+        # trial per job; as steps (fresh processes each), trials_per_job of them
+        bridge_alone = self.cfg.runner.name == "bridge" and not self.steps
+        same_world = sum(w.cand.tp * w.cand.cp == world for w in self.queue)
+        limit = 1 if bridge_alone else cost.trials_per_job(
+            self.exec_cfg.trials_per_job, same_world, max(1, free))
+        picked: list[Work] = []
+        taken: set[tuple] = set()  # (key, a2a): a repeat goes to another job, not this one
+        for w in list(self.queue):
+            if len(picked) == limit:
+                break
+            if w.cand.tp * w.cand.cp != world or (w.key, w.cand.layout.a2a) in taken:
+                continue
+            price = self._cost(w)
+            if (self.budget is not None and price is not None
+                    and self.spent_gpu_hours + price.gpu_hours > self.budget):
+                self._stop_for_budget(price)
+                break
+            self.spent_gpu_hours += price.gpu_hours if price else 0.0
+            self.queue.remove(w)
+            picked.append(w)
+            taken.add((w.key, w.cand.layout.a2a))
+        first: dict[tuple, int] = {}
+        for i, w in enumerate(picked):
+            first.setdefault((w.cand.tp, w.cand.layout.a2a), i)
+        return sorted(picked, key=lambda w: first[(w.cand.tp, w.cand.layout.a2a)])
+
+    def fill(self) -> None:
+        """Submit queued trials into free slots, ``trials_per_job`` per job (the first
+        jobs as one job array when they have one shape)."""
+        free = self.slots - len(self.running)
+        batches: list[list[Member]] = []
+        while free > 0 and self.queue:
+            members = []
+            works = self._take_batch(free)
+            if not works:
+                break  # the budget stopped it
+            for work in works:
+                number, trial_id, a2a = work.study.ask(work.cand.layout.a2a, work.key.slug)
+                cand = next(c for c in work.kept if c.layout.a2a == a2a)
+                spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
+                for stale in (spec.result_path, spec.stop_path):
+                    Path(stale).unlink(missing_ok=True)
+                members.append(Member(work.key, work.study, number, spec, cand, work.kept))
+            batches.append(members)
+            free -= 1
+        if not batches:
+            return
+        specs = [[m.spec for m in b] for b in batches]
+        same_shape = len({(b[0].world_size, len(b)) for b in specs}) == 1
+        if len(batches) > 1 and same_shape:
+            ex = self._executor(specs[0][0], len(specs[0]))
+            fn = self._args(specs[0])[0]
+            handles = dispatch.submit_array(ex, fn, [self._args(b)[1:] for b in specs])
+        else:
+            handles = []
+            for b in specs:
+                fn, *args = self._args(b)
+                handles.append(dispatch.submit(self._executor(b[0], len(b)), fn, *args))
+        for members, handle in zip(batches, handles):
+            # tracked first: a Ctrl-C between here and the ledger write still cancels the job
+            self.running.append(Running(members, handle))
+            for m in members:
+                m.study.submitted(m.number, handle.job_id, handle.executor, str(handle.folder))
+                self.reporter.trial(m.spec, "submitted", f"job {handle.job_id}")
+
+    # ---------------------------------------------------------------- collection
+    def record(self, run: Running, member: Member, result: TrialResult) -> None:
+        member.done = True
+        result.job_id = result.job_id or run.handle.job_id
+        if not result.log_path:
+            result.log_path = str(dispatch.job_paths(run.handle)[1])
+        row = trial_row(member.key, member.spec, result)
+        self.store.add(row, member.key)  # the view first: a rebuild imports it if we die now
+        values = (result.median_s, float(result.peak_mem_bytes or 0)) if result.median_s else None
+        member.study.tell(member.number, result.status, values, row=row)
+        self._note_best(member.key, row)
+        self.summary.stored += 1
+        not_run = len(self.queue) + len(run.open())  # queued, and the rest of its batch
+        if result.failure_class is FailureClass.ENVIRONMENT and not_run and not self.summary.aborted:
+            # the same software stack runs every trial: the rest would fail the same way (the
+            # batch's unrun trials are not requeued either: ``requeue``)
+            self.summary.aborted = (
+                f"stopped submitting after an environment failure ({result.error}); "
+                f"{not_run} trial(s) not run: fix the environment and run the same "
+                "command again to resume")
+            self.queue.clear()
+        if result.status is Status.PRUNED and not (result.error or "").startswith("cancelled"):
+            self.summary.pruned += 1
+            self.summary.pruned_saved_steps += max(
+                0, member.spec.measure_steps - len(result.step_times_s))
+        s = result.status.value
+        self.summary.by_status[s] = self.summary.by_status.get(s, 0) + 1
+        label = failure_label(row)
+        if label:
+            _count(self.summary.failures, member.key, label)
+        detail = f"median {result.median_s:.4g} s" if result.median_s else (result.error or "")
+        if result.failure_class:
+            detail = f"{result.failure_class.value}: {detail}"
+        self.reporter.trial(member.spec, s, detail, best=self.best.get(member.key.name))
+
+    def requeue(self, member: Member) -> None:
+        """A trial its batch never ran (the processes broke before it): back to the front
+        of the queue, as a new optuna trial; the unrun one ends FAIL, marked not run."""
+        member.done = True
+        member.study.not_run(member.number)
+        if self.summary.aborted:
+            return  # an environment failure stopped the sweep: the next run measures it
+        self.queue.insert(0, Work(member.key, member.study, member.cand, member.kept))
+        self.summary.requeued += 1
+        self.reporter.trial(member.spec, "requeued", "not run: its batch ended before it")
+
+    def _collect_landed(self, run: Running, finished: bool) -> None:
+        """Results the job wrote so far. A FAILED one waits for the job's end, when the
+        peers' result files (a root cause, ``read_result``) are in."""
+        for m in run.open():
+            res = read_result(m.spec)
+            if res is None or res.status is Status.SKIPPED:
+                continue  # not yet, or not run (decided when the job ends)
+            if res.status is Status.FAILED and not finished:
+                continue
+            self.record(run, m, res)
+
+    def _finish(self, run: Running, out: dispatch.JobOutcome) -> None:
+        """The job ended: store what it returned or wrote; the trial it was running when it
+        ended without a result gets the job's verdict; trials it never ran go back to the
+        queue (or, when the job was ended from outside, are ``cancelled`` with it)."""
+        returned = out.result if out.state == dispatch.JobState.DONE else None
+        if isinstance(returned, TrialResult):
+            returned = [returned]
+        by_id = {r.trial_id: r for r in (returned or []) if isinstance(r, TrialResult)}
+        for m in run.open():  # read_result merges a peer's root cause
+            res = read_result(m.spec) or by_id.get(m.spec.trial_id)
+            if res is not None and res.status is not Status.SKIPPED:
+                self.record(run, m, res)
+        verdict: Optional[TrialResult] = None
+        for m in run.open():
+            if read_result(m.spec) is not None or m.spec.trial_id in by_id:
+                self.requeue(m)  # SKIPPED by the job: an earlier trial broke the processes
+            elif verdict is None or verdict.status is Status.CANCELLED:
+                verdict = failed_from_job(m.spec, out)
+                self.record(run, m, verdict)
+            else:
+                self.requeue(m)
+
+    def poll(self) -> None:
+        outcomes = dispatch.poll_all([r.handle for r in self.running])
+        still = []
+        for run, out in zip(self.running, outcomes):
+            self._collect_landed(run, out.finished)
+            if out.finished:
+                self._finish(run, out)
+                continue
+            if out.state.value != run.state:
+                run.state = out.state.value
+                for m in run.open():
+                    self.reporter.trial(m.spec, run.state, f"job {run.handle.job_id}")
+            if self.early_stop:
+                for m in run.open():
+                    self._prune(m)
+            if run.open():
+                still.append(run)
+        self.running = still
+
+    def _prune(self, member: Member) -> bool:
+        """Early stop: write the trial's stop file; the job ends it PRUNED at its next step
+        and goes on with the batch's next trial. True when the stop file was written."""
+        if member.stopping:
+            return False
+        steps = read_progress(member.spec.progress_path)
+        if len(steps) >= member.spec.measure_steps:
+            return False  # measuring is over: stopping now saves nothing, the result is coming
+        if not should_prune(steps, self.best.get(member.key.name)):
+            return False
+        best = self.best[member.key.name]["median_s"]
+        member.stopping = True
+        atomic_write_text(member.spec.stop_path, (
+            f"stopped early: fastest of {len(steps)} steps {min(steps):.4g} s > best median "
+            f"{best:.4g} s beyond its noise"))
+        return True
+
+    def cancel_all(self) -> None:
+        """Ctrl-C: stop every outstanding trial (stop files, then cancel the jobs) and
+        record each as cancelled; the next run measures them again."""
+        reason = "cancelled by the user (Ctrl-C)"
+        for run in self.running:
+            for m in run.open():
+                atomic_write_text(m.spec.stop_path, reason)
+        dispatch.cancel([r.handle for r in self.running])
+        for run in self.running:
+            for m in run.open():
+                steps = read_progress(m.spec.progress_path)
+                self.record(run, m, partial_result(m.spec, Status.CANCELLED, steps, reason))
+        self.running = []
+
+    # ---------------------------------------------------------------- the loop
+    def run(self) -> SweepSummary:
+        if self.planned is None:
+            self.plan()
+        self.reporter.start(len(self.queue) + sum(len(r.members) for r in self.running),
+                            self.summary)
+        try:
+            while self.queue or self.running:
+                self.fill()
+                self.poll()
+                if self.running:
+                    time.sleep(POLL_INTERVAL_S)  # orchestrator's polling cadence
+        except KeyboardInterrupt:
+            self.cancel_all()
+            self.store.rebuild(self.storage)
+            raise
+        finally:
+            self.reporter.stop()
+        self.store.rebuild(self.storage)  # row files and tables, as views of the studies
+        self.summary.recommendations = self.store.recommendations()
+        return self.summary

@@ -1,0 +1,262 @@
+"""The sweep's plan, made in one place: ``plan_sweep(cfg, stored_rows, outstanding)``.
+
+What belongs here: everything a sweep decides before it submits anything, from the config
+(runner resolved), the stored rows and the trials still submitted: the sweep keys and their
+kept layouts, the queue of planned trials in order (by prediction, repeats, resume,
+``search.retry``), the layouts stored as skipped, the trials to re-attach, the counts the
+summary reports, the notes, the fit advice and the cost estimate. Pure: no I/O, no
+printing, no optuna; the cost model predicts each layout once and that one pass serves the
+order, the skips, the costs and the fit advice. ``sweep.Sweeper`` gathers the inputs,
+applies the plan and does the I/O; ``ui.print_sweep_start`` prints it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from hcp_tune.config import SweepConfig
+from hcp_tune.config.settings import RETRY_CHOICES
+from hcp_tune.costmodel import predict
+from hcp_tune.costmodel.formulas import CostParams
+from hcp_tune.costmodel.memory import advice_line
+from hcp_tune.engine import budget as cost
+from hcp_tune.engine.store import SweepKey
+from hcp_tune.space.layout import Candidate
+from hcp_tune.space.plan import candidates, notes
+from hcp_tune.space.plan import row as plan_row
+from hcp_tune.spec import FailureClass, Status
+
+if TYPE_CHECKING:
+    from hcp_tune.engine.tuner import Outstanding
+
+FAILURE_LABELS = RETRY_CHOICES[2:]  # every failure class, and "invalid"
+
+LayoutId = tuple[int, int, int]  # (tp, seq, a2a): one layout of one key
+
+
+def failure_label(row: dict[str, Any]) -> Optional[str]:
+    """A stored trial that measured nothing usable: its failure class, or ``invalid``."""
+    if row.get("status") == Status.FAILED.value:
+        return row.get("failure_class") or FailureClass.UNKNOWN.value
+    if row.get("status") == Status.INVALID.value:
+        return "invalid"
+    return None
+
+
+def retry_labels(value: Any) -> frozenset[str]:
+    """``search.retry``: which stored failures a sweep measures again.
+
+    ``none`` (default): keep every stored outcome (cancelled trials and ``environment``
+    failures are measured again regardless); ``failed``: every failed or invalid trial;
+    a failure class (``oom``, ``comm``, ...) or ``invalid``, or a list of them. ``value``
+    was checked at load (``settings.SearchConfig``).
+    """
+    items = ["none"] if value is None else value if isinstance(value, (list, tuple)) else [value]
+    if "failed" in items:
+        return frozenset(FAILURE_LABELS)
+    return frozenset(i for i in items if i != "none")
+
+
+def key_for(cfg: SweepConfig, cand: Candidate) -> SweepKey:
+    """The sweep key a candidate layout is measured under."""
+    return SweepKey(cluster=cfg.cluster.name, model=cfg.model.name, tp=cand.tp, cp=cand.cp,
+                    seq=cand.seq, runner=cfg.runner.name, env_tag=cfg.env_tag, pp=cand.pp)
+
+
+def kept_by_key(cfg: SweepConfig, cands: Optional[list[Candidate]] = None
+                ) -> dict[SweepKey, list[Candidate]]:
+    """Every key with a kept layout and its kept layouts, in candidate order (tp, seq, a2a)."""
+    groups: dict[SweepKey, list[Candidate]] = {}
+    for cand in candidates(cfg) if cands is None else cands:
+        if cand.kept:
+            groups.setdefault(key_for(cfg, cand), []).append(cand)
+    return groups
+
+
+def rows_of(key: SweepKey, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored rows of ``key``, selected by its fields (``store.KEY_FIELDS``); a row
+    without ``pp`` was stored before pp joined the key and has pp=1 (``SweepKey.holds``)."""
+    return [r for r in rows if key.holds(r)]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One trial to measure."""
+
+    key: SweepKey
+    cand: Candidate
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A layout stored as ``skipped``: predicted slower than ``search.skip_predicted_slower_than``
+    times the best of its key."""
+
+    key: SweepKey
+    cand: Candidate
+    reason: str
+    predicted_step_s: float
+
+
+@dataclass(frozen=True)
+class Reattach:
+    """A trial an earlier orchestrator submitted and nothing stored yet: followed by job id."""
+
+    key: SweepKey
+    cand: Candidate
+    trial: "Outstanding"
+
+
+@dataclass
+class SweepPlan:
+    """What a sweep will do, decided before it submits anything."""
+
+    kept: dict[SweepKey, list[Candidate]]  # every key with a kept layout, its kept layouts
+    queue: list[Planned]  # in submission order
+    skipped: list[Skip]
+    reattach: list[Reattach]
+    stored: dict[SweepKey, list[dict[str, Any]]]  # each key's stored rows (by key fields)
+    resumed: int  # stored trials that stand and are not measured again
+    retried: int  # stored failures measured again because of search.retry
+    # per key, by failure class (or "invalid"): stored failures kept that search.retry would redo
+    kept_failures: dict[SweepKey, dict[str, int]]
+    notes: list[str]  # the recipe followed, the pipeline-stage note
+    fit_advice: list[str]  # per key where no layout is predicted to fit: what would
+    costs: dict[LayoutId, cost.TrialCost]  # every kept layout's estimated cost
+    estimate: cost.Estimate  # of the queue: exactly the planned trials
+    cpu: bool = False  # a CPU profile: the estimate counts rank-hours
+    retry: str = "none"  # search.retry as given
+
+    @property
+    def keys(self) -> list[SweepKey]:
+        return list(self.kept)
+
+    @property
+    def reattached(self) -> int:
+        return len(self.reattach)
+
+    @property
+    def estimate_text(self) -> str:
+        """The estimate in words, labelled an estimate (``cost.Estimate.text``)."""
+        return self.estimate.text(self.cpu)
+
+
+def _resume(key_rows: list[dict[str, Any]], retry: frozenset[str], repeats: int
+            ) -> tuple[dict[int, int], dict[str, int], int]:
+    """Stored trials that stand, per a2a size; the kept failures by label; how many stored
+    failures are measured again. Cancelled trials and environment failures (fixed by the
+    user, then resumed) are measured again, and so are the failures ``search.retry``
+    names; every other stored outcome stands. A kept failure is counted when its layout
+    has nothing better stored, so the user hears of the option."""
+    done: dict[int, int] = {}
+    kept: dict[int, list[str]] = {}
+    retried: dict[int, int] = {}
+    for r in key_rows:  # trial ids sort in submission order
+        label = failure_label(r)
+        if r["status"] == Status.CANCELLED.value or label == FailureClass.ENVIRONMENT.value:
+            continue
+        if label in retry:
+            retried[r["a2a"]] = retried.get(r["a2a"], 0) + 1
+            continue
+        done[r["a2a"]] = done.get(r["a2a"], 0) + 1
+        if label:
+            kept.setdefault(r["a2a"], []).append(label)
+    counts: dict[str, int] = {}
+    for a2a, labels in kept.items():
+        usable = done[a2a] - len(labels)
+        for label in labels[len(labels) - max(0, min(len(labels), repeats - usable)):]:
+            counts[label] = counts.get(label, 0) + 1
+    n_retried = sum(min(n, max(0, repeats - done.get(a2a, 0))) for a2a, n in retried.items())
+    return done, counts, n_retried
+
+
+def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
+               outstanding: dict[SweepKey, list["Outstanding"]], *,
+               params: Optional[CostParams] = None,
+               only: Optional[dict[tuple[int, int], set[int]]] = None) -> SweepPlan:
+    """The sweep's plan (deterministic; no I/O).
+
+    ``stored_rows``: ``ResultStore.rows()``; ``outstanding``: per key, the trials submitted
+    and not stored (``LayoutStudy.outstanding``); ``params``: the cost model's parameters
+    (``predict.params_for`` reads the calibrated ones; default the uncalibrated defaults);
+    ``only``: (tp, seq) -> the a2a sizes to measure (the two-stage sweep's Bridge stage),
+    other layouts are neither queued nor skipped.
+    """
+    s = cfg.search
+    params = params or CostParams()
+    cands = candidates(cfg)
+    ordered = predict.ordering(cfg, cands, params=params)  # the one prediction pass
+    predicted = {(c.tp, c.seq, c.layout.a2a): p.step_time_s for c, p in ordered}
+    skips = {(k["tp"], k["seq"], k["a2a"]): k
+             for k in predict.skip_slower_than(ordered, s.skip_predicted_slower_than)}
+    costs = cost.costs_by_layout(cfg, ordered)
+    advice = [advice_line(a, cfg.cluster.gpu_memory_gib, "sweep")
+              for a in predict.fit_advice(cfg, ordered, params)]
+    retry = retry_labels(s.retry)
+    kept = kept_by_key(cfg, cands)
+    queue: list[Planned] = []
+    skipped: list[Skip] = []
+    reattach: list[Reattach] = []
+    stored: dict[SweepKey, list[dict[str, Any]]] = {}
+    kept_failures: dict[SweepKey, dict[str, int]] = {}
+    resumed = retried = 0
+    for key, layouts in kept.items():
+        key_rows = stored[key] = rows_of(key, stored_rows)
+        done, failures, n_retried = _resume(key_rows, retry, s.repeats)
+        resumed += sum(done.values())
+        retried += n_retried
+        if failures:
+            kept_failures[key] = failures
+        stored_ids = {r.get("trial_id") for r in key_rows}
+        by_a2a = {c.layout.a2a: c for c in layouts}
+        for o in outstanding.get(key, []):
+            if o.trial_id in stored_ids or o.a2a not in by_a2a:
+                continue  # stored meanwhile, or a layout this config no longer keeps
+            reattach.append(Reattach(key, by_a2a[o.a2a], o))
+            done[o.a2a] = done.get(o.a2a, 0) + 1
+        if s.order_by_prediction:  # the promising layouts first: early stopping bites sooner
+            layouts = sorted(layouts, key=lambda c: predicted.get((c.tp, c.seq, c.layout.a2a), 0.0))
+        if only is not None:
+            layouts = [c for c in layouts if c.layout.a2a in only.get((c.tp, c.seq), set())]
+        for cand in layouts:
+            skip = skips.get((cand.tp, cand.seq, cand.layout.a2a))
+            if skip and not done.get(cand.layout.a2a):
+                skipped.append(Skip(key, cand, skip["reason"], skip["predicted"]["step_time_s"]))
+                done[cand.layout.a2a] = s.repeats
+        for _ in range(s.repeats):  # a repeat is another trial, after every layout's first
+            for cand in layouts:
+                if done.get(cand.layout.a2a, 0) > 0:
+                    done[cand.layout.a2a] -= 1
+                    continue
+                queue.append(Planned(key, cand))
+    est = cost.estimate([costs[(p.cand.tp, p.cand.seq, p.cand.layout.a2a)] for p in queue])
+    return SweepPlan(
+        kept=kept, queue=queue, skipped=skipped, reattach=reattach, stored=stored,
+        resumed=resumed, retried=retried, kept_failures=kept_failures, notes=notes(cfg),
+        fit_advice=advice, costs=costs, estimate=est, cpu=cfg.cluster.device == "cpu",
+        retry=str(s.retry))
+
+
+def plan_rows(cfg: SweepConfig) -> dict[str, Any]:
+    """What ``plan`` prints: every candidate kept or rejected and why, the notes and the
+    budget estimate; the JSON-able form that both the table and ``format=json`` print, so the
+    two can never disagree."""
+    cands = candidates(cfg)
+    return {
+        "cluster": cfg.cluster.name,
+        "model": cfg.model.name,
+        "cp": cfg.cp,
+        "pp": cfg.pp,
+        "notes": notes(cfg),
+        "candidates": [plan_row(c) for c in cands],
+        "estimate": sweep_estimate(cfg, cands),
+    }
+
+
+def sweep_estimate(cfg: SweepConfig, cands: list[Candidate]) -> dict[str, Any]:
+    """What measuring every kept layout ``search.repeats`` times would cost (an estimate)."""
+    per = cost.costs_by_layout(cfg, predict.ordering(cfg, cands))
+    costs = [c for c in per.values() for _ in range(cfg.search.repeats)]
+    est = cost.estimate(costs)
+    return {"trials": est.trials, "node_hours": est.node_hours, "gpu_hours": est.gpu_hours,
+            "label": "estimate", "text": est.text(cfg.cluster.device == "cpu")}

@@ -1,0 +1,278 @@
+"""The optuna side of a sweep: one study per sweep key, the one ledger of a sweep.
+
+The layout space is small (the divisors of CP), so every kept layout is measured: each is
+enqueued and asked for in order (best-predicted first when the cost model ordered them).
+Two objectives, step time and peak memory, both minimised. The studies live in a journal
+file under ``results/`` (safe on a cluster's shared file system), or in any optuna storage
+URL. A study records what was asked, submitted (job id, for re-attachment) and returned:
+on ``tell`` the trial's whole row rides on it as user attributes (``row_attrs``), with
+its state: ok -> COMPLETE (values: median step s, peak memory bytes), pruned or skipped
+-> PRUNED, failed / invalid / cancelled -> FAIL; ``status`` and ``failure_class`` say
+which. The row files and tables under ``results/`` are views rebuilt from it
+(``Ledger``, ``store.ResultStore.rebuild``). This is the one module that imports optuna.
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState
+
+from hcp_tune.engine.records import row_text
+from hcp_tune.spec import Status
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+# A row is stored as ASCII JSON in parts of at most this many characters: optuna's RDB
+# storage keeps a user attribute's JSON in a TEXT column, 65,535 bytes on MySQL, and JSON
+# escaping at most doubles ASCII text. A long error or step list spans several parts.
+ROW_PART_CHARS = 16_000
+ERROR_ATTR_CHARS = 200
+METRIC_NAMES = ("median_step_s", "peak_mem_bytes")  # a trial's two values  # the error's first line, shown as its own attribute
+
+
+def open_storage(url_or_path: Any) -> Any:
+    """An RDB URL (``sqlite:///x.db``, ``postgresql://...``) or a journal file path; a
+    storage object is returned as it is."""
+    if not isinstance(url_or_path, (str, Path)):
+        return url_or_path
+    url_or_path = str(url_or_path)
+    if "://" in url_or_path:
+        return optuna.storages.get_storage(url_or_path)
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    Path(url_or_path).parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(url_or_path)))
+
+
+def row_attrs(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as a trial's user attributes: the few a reader scans (trial id, layout,
+    status, failure class, the error's first line) and the whole row in parts."""
+    text = row_text(row)
+    parts = [text[i:i + ROW_PART_CHARS] for i in range(0, len(text), ROW_PART_CHARS)]
+    error = str(row.get("error") or "").split("\n")[0][:ERROR_ATTR_CHARS]
+    return {"trial_id": row["trial_id"], "layout": f"[{row['a2a']},{row['p2p']}]",
+            "status": row["status"], "failure_class": row.get("failure_class") or "",
+            "error": error, "row_parts": len(parts),
+            **{f"row.{i}": part for i, part in enumerate(parts)}}
+
+
+def row_text_of(trial: FrozenTrial) -> Optional[str]:
+    """The row a trial holds, as stored (JSON text), or None (not told with a row)."""
+    attrs = trial.user_attrs
+    n = attrs.get("row_parts")
+    if not isinstance(n, int) or any(f"row.{i}" not in attrs for i in range(n)):
+        return None
+    return "".join(attrs[f"row.{i}"] for i in range(n))
+
+
+def state_of(row: dict[str, Any]) -> tuple[TrialState, Optional[list[float]]]:
+    """ok (with a median, and proof that CP was active) -> COMPLETE with (median step s,
+    peak memory bytes); pruned and skipped (stopped early, or never started: predicted too
+    slow) -> PRUNED; the rest (failed, invalid, cancelled, an ok row without proof) -> FAIL,
+    so the study's Pareto front holds only what the tables may rank."""
+    median = row.get("median_s")
+    if row["status"] == Status.OK.value and row.get("verified") is True \
+            and isinstance(median, (int, float)) and math.isfinite(median):
+        return TrialState.COMPLETE, [float(row["median_s"]), float(row.get("peak_mem_bytes") or 0)]
+    if row["status"] in (Status.PRUNED.value, Status.SKIPPED.value):
+        return TrialState.PRUNED, None
+    return TrialState.FAIL, None
+
+
+@dataclass
+class Outstanding:
+    """A trial submitted by an earlier orchestrator and not yet stored."""
+
+    number: int
+    a2a: int
+    trial_id: str
+    job_id: str
+    executor: str
+    folder: str
+
+
+class LayoutStudy:
+    """Ask/tell over the kept a2a sizes of one sweep key."""
+
+    def __init__(self, storage: Any, name: str, kept_a2a: list[int]) -> None:
+        self.kept = list(kept_a2a)
+        self.study = optuna.create_study(
+            storage=storage, study_name=name, directions=["minimize", "minimize"],
+            load_if_exists=True,
+        )
+        if self.study.metric_names is None:  # what optuna-dashboard labels the values with
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self.study.set_metric_names(list(METRIC_NAMES))
+        self._live: dict[int, optuna.Trial] = {}
+
+    def outstanding(self, stored_ids: set[str]) -> list[Outstanding]:
+        """Submitted trials whose result was never stored: re-attach to them."""
+        out = []
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            attrs = t.user_attrs
+            if "job_id" in attrs and attrs["trial_id"] not in stored_ids:
+                out.append(Outstanding(t.number, int(t.params["a2a"]), attrs["trial_id"],
+                                       attrs["job_id"], attrs["executor"], attrs["folder"]))
+        return out
+
+    def abandon_unsubmitted(self) -> None:
+        """Trials asked for but never submitted (killed in between) end as FAIL."""
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if "job_id" not in t.user_attrs:
+                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+
+    def ask(self, a2a: int, trial_id_prefix: str) -> tuple[int, str, int]:
+        """Start a trial for layout ``a2a``; returns (trial number, trial id, a2a it got)."""
+        self.study.enqueue_trial({"a2a": a2a})
+        trial = self.study.ask()
+        got = trial.suggest_categorical("a2a", self.kept)
+        if got != a2a:  # another orchestrator took our enqueued trial: measure what we got
+            a2a = got
+        trial_id = f"{trial_id_prefix}-t{trial.number:03d}-a{a2a}"
+        trial.set_user_attr("trial_id", trial_id)
+        self._live[trial.number] = trial
+        return trial.number, trial_id, a2a
+
+    def submitted(self, number: int, job_id: str, executor: str, folder: str) -> None:
+        trial = self._live[number]
+        for k, v in (("job_id", job_id), ("executor", executor), ("folder", folder)):
+            trial.set_user_attr(k, v)
+
+    def not_run(self, number: int) -> None:
+        """A submitted trial its batch job never ran: FAIL, marked so (it is asked again)."""
+        trial = self._live.get(number)
+        if trial is not None:  # (a re-attached trial has no live handle: FAIL says enough)
+            trial.set_user_attr("not_run", True)
+        self.study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        self._live.pop(number, None)
+
+    def tell(self, number: int, status: Status, values: Optional[tuple[float, float]],
+             row: Optional[dict[str, Any]] = None) -> None:
+        """End trial ``number``; with ``row``, the row rides on it and decides its state
+        and values. A trial already ended elsewhere (a rebuild imported its row file
+        first) is left as it is; if it holds no row, the row is added as a new trial."""
+        if row is not None:
+            state, vals = state_of(row)
+            trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(
+                self.study._study_id, number)
+            try:
+                for k, v in row_attrs(row).items():
+                    self.study._storage.set_trial_user_attr(trial_id, k, v)
+            except UpdateFinishedTrialError:
+                if row_text_of(self.study._storage.get_trial(trial_id)) is None:
+                    self.add_row(row)
+                self._live.pop(number, None)
+                return
+        else:
+            state = {Status.OK: TrialState.COMPLETE, Status.PRUNED: TrialState.PRUNED}.get(
+                status, TrialState.FAIL)
+            vals = list(values) if values is not None else None
+        if state is TrialState.COMPLETE and vals is not None:
+            self.study.tell(number, values=vals, skip_if_finished=True)
+        else:
+            self.study.tell(number, state=state if state is not TrialState.COMPLETE
+                            else TrialState.FAIL, skip_if_finished=True)
+        self._live.pop(number, None)
+
+    def add_row(self, row: dict[str, Any], **attrs: Any) -> int:
+        """Record a trial that was never asked for (a skipped layout, a row imported from
+        an older results folder) as a finished trial; returns its number. Its ``a2a`` is
+        a parameter when the study's distribution of it allows, else only an attribute."""
+        state, values = state_of(row)
+        dist = self._a2a_distribution()
+        params = {"a2a": row["a2a"]} if dist and row["a2a"] in dist.choices else {}
+        trial = optuna.trial.create_trial(
+            state=state, values=values, params=params,
+            distributions={"a2a": dist} if params else {},
+            user_attrs={**row_attrs(row), **attrs})
+        self.study.add_trial(trial)
+        return self.study.get_trials(deepcopy=False)[-1].number
+
+    def _a2a_distribution(self) -> Optional[CategoricalDistribution]:
+        """The study's distribution of ``a2a`` (choices must match across its trials)."""
+        for t in self.study.get_trials(deepcopy=False):
+            if "a2a" in t.distributions:
+                dist = t.distributions["a2a"]
+                return dist if isinstance(dist, CategoricalDistribution) else None
+        return CategoricalDistribution(self.kept) if self.kept else None
+
+    def pareto_a2a(self) -> set[int]:
+        """a2a sizes on the (step time, memory) Pareto front of the completed trials."""
+        return {int(t.params["a2a"]) for t in self.study.best_trials if "a2a" in t.params}
+
+
+def pareto_layouts(study: optuna.Study) -> list[tuple[int, int]]:
+    """``(a2a, p2p)`` layouts on the study's (step time, peak memory) Pareto front
+    (``study.best_trials``), by a2a. Only trials holding a row count: a trial told before
+    rows rode on trials has an imported twin with the same values."""
+    out = set()
+    for t in study.best_trials:
+        layout = t.user_attrs.get("layout") if row_text_of(t) is not None else None
+        if isinstance(layout, str):
+            a2a, p2p = json.loads(layout)
+            out.add((int(a2a), int(p2p)))
+    return sorted(out)
+
+
+class Ledger:
+    """Every study in one storage, read as the rows its trials hold."""
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = open_storage(storage)
+
+    def names(self) -> list[str]:
+        return sorted(optuna.get_all_study_names(self.storage))
+
+    def study(self, name: str) -> optuna.Study:
+        return optuna.load_study(study_name=name, storage=self.storage)
+
+    def rows(self) -> dict[tuple[str, str], str]:
+        """(study name, trial id) -> row text; of several trials with one id (a layout
+        skipped again), the latest."""
+        out: dict[tuple[str, str], str] = {}
+        for name in self.names():
+            for t in self.study(name).get_trials(deepcopy=False):
+                text = row_text_of(t)
+                if text is not None:
+                    out[(name, t.user_attrs["trial_id"])] = text
+        return out
+
+    def pareto(self, name: str) -> str:
+        """The study's Pareto front as ``"[1,4] [2,2]"`` ("" without such a study)."""
+        if name not in self.names():
+            return ""
+        return " ".join(f"[{a},{p}]" for a, p in pareto_layouts(self.study(name)))
+
+    def import_rows(self, name: str, rows: list[dict[str, Any]]) -> int:
+        """Put rows the study lacks into it (a results folder written before the study was
+        the ledger). A row whose trial is still RUNNING (the orchestrator stopped between
+        writing the row and telling) completes that trial; the rest are added, marked
+        ``imported``. Idempotent: a trial id the study holds a row for is left alone.
+        Returns how many were imported."""
+        study = LayoutStudy(self.storage, name, [])
+        by_id: dict[str, FrozenTrial] = {}
+        for t in study.study.get_trials(deepcopy=False):
+            if "trial_id" in t.user_attrs:
+                by_id[t.user_attrs["trial_id"]] = t
+        n = 0
+        for row in rows:
+            t = by_id.get(row["trial_id"])
+            if t is not None and row_text_of(t) is not None:
+                continue
+            if t is not None and t.state is TrialState.RUNNING:
+                study.tell(t.number, Status(row["status"]), None, row=row)
+            else:
+                study.add_row(row, imported=True)
+            n += 1
+        return n

@@ -1,0 +1,82 @@
+"""A check of the GPU path anyone can run: ``scripts/gpu_check.sh [--cpu]``.
+
+On a node with >= 4 GPUs and Transformer Engine: cp=4 trials of [4,1], [2,2] and [1,4]
+with the TE backend, in one set of processes (so the teardown between trials is exercised
+too), and one verdict line per layout: the groups Megatron-Core built match the plan, the
+numerics proof passed (CP run against the no-CP run in the same dtype), the achieved
+TFLOP/s stay under the profile's peak, and the backend ran (with the kernel TE selected).
+``--cpu`` runs the same trials with the pure-torch reference on gloo (model tiny, a small
+sequence, bf16, so the proof is the same same-dtype comparison) and prints the same lines.
+Then, on GPUs, the Bridge step (``gpucheck.bridge``: a [2,2] trial and its [1,4] baseline
+as short Megatron-Bridge runs, one line each; ``--no-bridge`` skips it); ``--cpu`` says
+it was skipped.
+Exit 0 when every layout passes, 1 otherwise, 2 for bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from hcp_tune.gpucheck import bridge as gpucheck_bridge
+from hcp_tune.gpucheck.attention import CP, CPU, GPU, LAYOUTS, build_specs, verdict
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="gpu_check.sh", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpu", action="store_true",
+                    help="the torch reference on gloo (model tiny), no GPU needed")
+    ap.add_argument("--cluster", help="profile whose peak bounds the TFLOP/s "
+                    f"(default {GPU.cluster}; {CPU.cluster} with --cpu)")
+    ap.add_argument("--seq", type=int, help=f"sequence length (default {GPU.seq}; "
+                    f"{CPU.seq} with --cpu)")
+    ap.add_argument("--workdir", help="where the ranks' logs go (default: a new temp folder)")
+    ap.add_argument("--no-bridge", action="store_true",
+                    help="skip the Bridge step (two short Megatron-Bridge runs; GPU mode only)")
+    args = ap.parse_args(argv)
+    mode = CPU if args.cpu else GPU
+    mode = dataclasses.replace(mode, cluster=args.cluster or mode.cluster,
+                               seq=args.seq or mode.seq)
+    if mode.name == "gpu" and gpu_count() < CP:
+        print(f"gpu-check: needs >= {CP} GPUs visible to torch, found {gpu_count()} "
+              "(run with --cpu to check the same path with the torch reference)")
+        return 1
+    from hcp_tune.engine.launch import run_local_batch
+    from hcp_tune.errors import ConfigError
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hcp-gpu-check-")).resolve()
+    try:
+        specs = build_specs(mode, workdir / "progress")
+    except ConfigError as e:
+        print(f"gpu-check: error: {e}", file=sys.stderr)
+        return 2
+    layouts = ", ".join(f"[{a},{p}]" for a, p in LAYOUTS)
+    print(f"gpu-check: {mode.name} mode: cp={CP} layouts {layouts}, backend {mode.backend}, "
+          f"model {mode.model}, seq {mode.seq}, {mode.dtype}, profile {mode.cluster}; "
+          f"logs in {workdir}", flush=True)
+    results = run_local_batch(specs, workdir=workdir)
+    verdicts = [verdict(spec, res, mode) for spec, res in zip(specs, results)]
+    for _, line in verdicts:
+        print(line, flush=True)
+    if mode.name == "cpu":
+        print(gpucheck_bridge.SKIPPED, flush=True)
+    elif not args.no_bridge:  # one verdict line per Bridge run (hcp_tune/gpucheck/bridge.py)
+        for ok_line in gpucheck_bridge.run(mode.cluster, workdir / "bridge"):
+            print(ok_line[1], flush=True)
+            verdicts.append(ok_line)
+    passed = sum(ok for ok, _ in verdicts)
+    print(f"gpu-check: {passed}/{len(verdicts)} layouts pass")
+    return 0 if passed == len(verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

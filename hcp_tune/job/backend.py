@@ -1,0 +1,119 @@
+"""Which attention implementation a trial runs on this rank, and the environment it ran in.
+
+``choose_backend``: TE on CUDA (sm80+, bf16/fp16), else the pure-torch reference, with the
+reason when the choice differs from the spec's. ``fingerprint``: versions, hosts, GPU,
+driver and the communication settings, gathered once per process set.
+"""
+from __future__ import annotations
+
+import platform
+import socket
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from hcp_tune.job.failures import EnvironmentProblem
+from hcp_tune.spec import TrialSpec
+
+
+def _reference_dtype(spec: TrialSpec) -> str:
+    """The torch reference's dtype: fp32 unless backend=torch asks for bf16/fp16 explicitly
+    (then it is proven the same-dtype way, as the TE path is: the GPU proof, on gloo)."""
+    return spec.dtype if spec.backend == "torch" else "fp32"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The attention implementation a trial runs, where, in which dtype, and why."""
+
+    name: str  # te | torch
+    device: Any  # torch.device
+    dtype: str  # bf16 | fp16 | fp32
+    note: str = ""  # set when the choice differs from what the spec asked for
+
+
+def choose_backend(spec: TrialSpec, cuda_index: Optional[int]) -> Backend:
+    """TE on CUDA (sm80+, TE >= 1.12, bf16/fp16), else the torch reference.
+
+    ``cuda_index`` is the GPU this rank is already bound to (``dist.bind_device``), None
+    without CUDA. Nothing here may touch a device before that binding.
+    """
+    import torch
+
+    from hcp_tune.job.attention.te import cp_capability_problem, te_unavailable_reason
+
+    if spec.runner != "attention":
+        raise EnvironmentProblem(f"runner {spec.runner!r} is not implemented in this job yet")
+    if spec.backend not in ("auto", "te", "torch"):
+        raise EnvironmentProblem(f"unknown backend {spec.backend!r}: expected auto, te or torch")
+    if spec.device == "cuda" and cuda_index is None:
+        raise EnvironmentProblem(
+            "no CUDA device on this node, but the trial is for a GPU cluster profile "
+            "(measure CPU trials with cluster=local)")
+    if cuda_index is None:
+        if spec.backend == "te":
+            raise EnvironmentProblem(f"backend=te requested, but {te_unavailable_reason()}")
+        return Backend("torch", torch.device("cpu"), _reference_dtype(spec))
+    device = torch.device("cuda", cuda_index)
+    if spec.backend == "torch":
+        return Backend("torch", device, _reference_dtype(spec))
+    problem = cp_capability_problem(cuda_index)
+    if problem:  # the torch reference would measure something no training run can use
+        raise EnvironmentProblem(problem)
+    reason = te_unavailable_reason()
+    if reason:
+        if spec.backend == "te":
+            raise EnvironmentProblem(f"backend=te requested, but {reason}")
+        return Backend("torch", device, "fp32",
+                       f"backend=auto: {reason}; the pure-torch reference ran instead (fp32)")
+    if spec.dtype == "fp32":
+        if spec.backend == "te":
+            raise EnvironmentProblem("the TE path runs bf16 or fp16, not fp32: set dtype=bf16")
+        return Backend("torch", device, "fp32",
+                       "backend=auto with dtype=fp32: TE's CP attention runs bf16/fp16 only; "
+                       "the pure-torch reference ran instead")
+    return Backend("te", device, spec.dtype)
+
+
+def fingerprint(env, device) -> dict:
+    import importlib.metadata as md
+
+    import torch
+    import torch.distributed as dist
+
+    from hcp_tune.job import knobs
+    from hcp_tune.job.attention.te import te_version
+
+    def dist_version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    fp = {
+        "hosts": sorted(set(hosts)),
+        "launcher": env.source,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "megatron_core": dist_version("megatron-core") or dist_version("megatron_core"),
+        "transformer_engine": te_version(),
+        "megatron_bridge": dist_version("megatron-bridge") or dist_version("megatron_bridge"),
+        "cuda": torch.version.cuda,
+        "gpu": None, "driver": None, "nccl": None,
+        "settings": knobs.settings(),  # NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS, NVTE_*
+        "inject_delay": knobs.injected_delay(),  # a testing aid: never a real measurement
+    }
+    if device.type == "cuda":
+        fp["gpu"] = torch.cuda.get_device_name(device)
+        fp["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        try:
+            import subprocess
+
+            fp["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10,
+            ).stdout.split("\n")[0].strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return fp

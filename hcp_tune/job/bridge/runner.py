@@ -1,0 +1,239 @@
+"""runner=bridge: one layout measured as a short Megatron-Bridge training run, on every rank.
+
+Order: the training stack is checked first (Megatron-Bridge and Transformer Engine
+importable, found without importing them: Bridge's package imports TE) and its absence is
+an ``environment`` failure that says which is missing and where the stack comes from ->
+launcher environment exported the way Bridge's ``initialize`` reads it -> this rank's GPU
+bound -> the trial's config mapping (``bridge_config.bridge_fields``) turned into the real
+``ConfigContainer`` -> ``pretrain(cfg, forward_step, callbacks=[guard, recorder])``: the
+guard proves at train start that every TE attention module runs the planned CP groups
+(``bridge_guard``/``bridge_verify``), the recorder times each step (``bridge_measure``) ->
+TFLOP/s against the profile's peak. Without Bridge's callbacks (Bridge < 0.4) it trains
+without them and parses Bridge's log lines instead, and says that CP could not be proven.
+
+One trial per process: ``pretrain`` sets up Megatron's global state (process groups when
+it created them, the micro-batch calculator, global timers, ``parallel_state``) for one
+run, and tears down only part of it, so a second ``pretrain`` in the same processes could
+meet the first one's state. ``job.batch.run_trials`` therefore skips a second Bridge trial in a
+batch; the sweep submits each Bridge trial as its own job.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
+
+CONTAINER_HINT = ("use the Bridge container (executor.container_image) or executor.setup/"
+                  "executor.python; README 'runner=bridge'")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing or broken
+        return False
+
+
+def missing_stack() -> Optional[str]:
+    """Which of Transformer Engine and Megatron-Bridge this Python cannot import, or None."""
+    missing = [label for module, label in (
+        ("transformer_engine", "Transformer Engine (transformer_engine)"),
+        ("megatron.bridge", "Megatron-Bridge (megatron.bridge)")) if not _importable(module)]
+    if not missing:
+        return None
+    return (f"runner=bridge: {' and '.join(missing)} not importable by the job's Python "
+            f"({sys.executable}, {platform.python_version()}): {CONTAINER_HINT}")
+
+
+def _export_launcher_env(env) -> None:
+    """Bridge's ``initialize`` reads RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* (torchrun's names)."""
+    os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size),
+                      LOCAL_RANK=str(env.local_rank), MASTER_ADDR=env.master_addr,
+                      MASTER_PORT=str(env.master_port))
+
+
+def read_memory(rank: int, device) -> Any:
+    """This rank's memory: the allocator's peaks and the whole device's use."""
+    import torch
+
+    from hcp_tune.job.bridge.measure import RankMemory
+
+    m = RankMemory(rank=rank, max_reserved=int(torch.cuda.max_memory_reserved(device)),
+                   max_allocated=int(torch.cuda.max_memory_allocated(device)))
+    try:  # NVML through torch (torch >= 2.6): counts the context and NCCL's buffers too
+        m.device_used, m.device_used_source = int(torch.cuda.device_memory_used(device)), "nvml"
+    except Exception:  # no pynvml, an NVML error, an older torch: the driver's figure instead
+        free, total = torch.cuda.mem_get_info(device)
+        m.device_used, m.device_used_source = int(total - free), "cudaMemGetInfo"
+    return m
+
+
+def _gather(obj: Any) -> list:
+    import torch.distributed as dist
+
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def ported_flops(cfg, spec: TrialSpec) -> Optional[float]:
+    """Bridge's FLOPs per step for the model as Bridge resolved it (flops.bridge_gpt_flops)."""
+    from hcp_tune.flops import bridge_gpt_flops
+
+    m = cfg.model
+    try:
+        return bridge_gpt_flops(
+            batch=cfg.train.global_batch_size, seq=m.seq_length, layers=m.num_layers,
+            hidden=m.hidden_size, ffn_hidden=m.ffn_hidden_size, heads=m.num_attention_heads,
+            kv_heads=m.num_query_groups or m.num_attention_heads,
+            head_dim=m.kv_channels or m.hidden_size // m.num_attention_heads,
+            vocab=m.vocab_size or spec.vocab, tp=m.tensor_model_parallel_size,
+            gated_linear_unit=bool(m.gated_linear_unit),
+            vocab_divisible_by=m.make_vocab_size_divisible_by)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def last_rank_log(world_size: int) -> Optional[Path]:
+    """The last rank's log (Bridge prints its iteration lines there): in a submitit job
+    (either executor) that task's stdout; else ``rank<N>.log`` beside ``HCP_TUNE_LOG``."""
+    from hcp_tune.job.dist import detect_env, task_paths
+
+    if os.environ.get("SUBMITIT_FOLDER"):
+        paths = task_paths(detect_env().job_id, world_size - 1)
+        return paths.stdout if paths else None
+    mine = os.environ.get("HCP_TUNE_LOG")
+    if not mine:
+        return None
+    return Path(mine).with_name(f"rank{world_size - 1}.log")
+
+
+class _Fingerprint:
+    """Bridge callback: the environment fingerprint, taken at train start while Bridge's
+    process group exists (``job.backend.fingerprint`` gathers every rank's host name)."""
+
+    def __init__(self, res: TrialResult, env, device) -> None:
+        self.res, self.env, self.device = res, env, device
+
+    def on_train_start(self, context: Any) -> None:
+        from hcp_tune.job.backend import fingerprint
+
+        self.res.fingerprint = fingerprint(self.env, self.device)
+
+
+def run_bridge_trial(spec: TrialSpec, *, env=None) -> TrialResult:
+    """Run one Bridge trial on this rank; never raises for a trial failure."""
+    from hcp_tune.job.failures import EnvironmentProblem, classify
+
+    t0 = time.monotonic()
+    res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, world_size=spec.world_size,
+                      backend="bridge")
+    try:
+        problem = missing_stack()  # before anything else: nothing below works without them
+        if problem:
+            raise EnvironmentProblem(problem)
+        return _run(spec, res, env)
+    except Exception as e:  # a failure is a result
+        from hcp_tune.job.bridge.guard import HCPNotActiveError
+
+        if isinstance(e, HCPNotActiveError):
+            res.status, res.error = Status.INVALID, str(e)
+        else:
+            res.status = Status.FAILED
+            res.failure_class, res.error = classify(e)
+        return res
+    except SystemExit as e:  # Bridge's train loop exits the process on a signal or duration
+        res.status, res.failure_class = Status.FAILED, FailureClass.UNKNOWN
+        res.error = f"Bridge called sys.exit({e.code}) during training (exit signal or duration)"
+        return res
+    finally:
+        res.wall_s = time.monotonic() - t0
+
+
+def _run(spec: TrialSpec, res: TrialResult, env) -> TrialResult:
+    import torch
+
+    from hcp_tune.job import bench
+    from hcp_tune.job.bridge.config import bridge_fields, build_container, summary
+    from hcp_tune.job.bridge.guard import HCPGuard
+    from hcp_tune.job.bridge.measure import StepRecorder, parse_log
+    from hcp_tune.job.dist import bind_device, detect_env
+    from hcp_tune.job.failures import EnvironmentProblem
+    from hcp_tune.job.progress import record_step
+
+    env = env or detect_env()
+    res.job_id = env.job_id
+    if env.world_size != spec.world_size:
+        raise EnvironmentProblem(f"the launcher started {env.world_size} processes, the trial "
+                                 f"needs tp*cp = {spec.tp}*{spec.cp} = {spec.world_size}")
+    cuda_index = bind_device(env.local_rank)  # before any CUDA object
+    if cuda_index is None:
+        raise EnvironmentProblem("runner=bridge needs CUDA (Bridge's initialize asserts it); "
+                                 "this node has none")
+    device = torch.device("cuda", cuda_index)
+    _export_launcher_env(env)
+    fields = bridge_fields(spec)
+    res.verification["bridge_config"] = summary(fields)
+    cfg = build_container(fields)
+
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
+    with_callbacks = "callbacks" in inspect.signature(pretrain).parameters
+    guard = HCPGuard(expected_groups=spec.expected_groups,
+                     layout=(spec.comm_type, spec.a2a, spec.p2p),
+                     log=lambda line: print(line, flush=True))
+    recorder = StepRecorder(
+        warmup_steps=spec.warmup_steps, sync=lambda: torch.cuda.synchronize(device),
+        memory=lambda: read_memory(env.rank, device), gather=_gather,
+        on_measured_step=(lambda i, t: record_step(spec, i, t)) if env.rank == 0 else None)
+    try:
+        if with_callbacks:
+            pretrain(cfg, forward_step, callbacks=[_Fingerprint(res, env, device), guard, recorder])
+        else:
+            pretrain(cfg, forward_step)
+    finally:
+        res.verification["cp_active"] = guard.report or {"checked": False}
+    if with_callbacks:
+        m = recorder.result(world_size=spec.world_size,
+                            flops_per_step_ported=ported_flops(cfg, spec))
+    else:
+        log = last_rank_log(spec.world_size)
+        if log is None or not log.exists():
+            raise EnvironmentProblem("this Bridge has no training callbacks (Bridge >= 0.4 has) "
+                                     "and its log could not be found to parse")
+        m = parse_log(log.read_text(errors="replace"), warmup_steps=spec.warmup_steps,
+                      world_size=spec.world_size)
+        res.notes.append("Bridge without callbacks: numbers parsed from its log; CP-active "
+                         "could not be proven at train start")
+    res.notes += m.notes
+    res.step_times_s = m.step_times_s
+    if not m.step_times_s:
+        raise RuntimeError("Bridge ran but no measured step was recorded")
+    stats = bench.summarize(m.step_times_s)
+    res.median_s, res.p10_s, res.p90_s = stats["median_s"], stats["p10_s"], stats["p90_s"]
+    res.peak_mem_bytes, res.mem_note = m.peak_memory()
+    res.verification["memory"] = [vars(x) for x in m.memory]
+    res.verification["lm_loss"] = m.lm_losses
+    res.verification["measured_by"] = m.source
+    res.flops_per_gpu_step = m.flops_per_step / spec.world_size if m.flops_per_step else None
+    res.tflops_per_gpu = m.tflops_per_gpu
+    from hcp_tune.flops import BRIDGE_FLOPS_SOURCE
+
+    res.verification["flops"] = BRIDGE_FLOPS_SOURCE
+    too_fast = bench.over_peak(res.tflops_per_gpu, spec.peak_tflops)
+    if too_fast:
+        res.status, res.error = Status.INVALID, too_fast
+        return res
+    if not with_callbacks:
+        res.status, res.error = Status.INVALID, "CP-active not proven (no Bridge callbacks)"
+        return res
+    res.status = Status.OK
+    return res

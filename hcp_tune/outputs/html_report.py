@@ -1,0 +1,142 @@
+"""Self-contained HTML pages: the ``regress`` comparison and the ``report`` of a sweep.
+
+One file each, inline CSS and inline SVG (``hcp_tune/svg.py``): no script, no font, no
+image, nothing fetched, so the page opens from disk on a machine without a network.
+Plots per key:
+
+- regress: the candidate/baseline step-time ratio of each layout with its 95% bootstrap
+  interval, the no-change line and the band inside which a change is not flagged; and
+  every per-trial median of each layout under both tags.
+- report: step time against peak memory of each layout with the Pareto front drawn; the
+  spread of each layout's measured steps (every step of every ok trial, median ticked);
+  predicted against measured step time where the cost model has a prediction.
+"""
+from __future__ import annotations
+
+import datetime
+from typing import Optional
+
+from hcp_tune.outputs import svg
+from hcp_tune.outputs.regress import METHOD, Report
+from hcp_tune.outputs.regress_view import HEADERS, cells, summary_line, winner_lines
+from hcp_tune.outputs.report import KeySummary
+
+CSS = """
+body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1100px; }
+h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 32px; } h3 { font-size: 15px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+td, th { border: 1px solid #ccc; padding: 3px 7px; text-align: left; }
+tr.flagged td { background: #fde8e8; font-weight: bold; }
+.warn { background: #fff6d6; border: 1px solid #e6c200; padding: 6px 10px; margin: 6px 0; }
+.plots { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
+.note { color: #555; font-size: 12px; }
+"""
+
+
+def page(title: str, body: list[str]) -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{svg.esc(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{svg.esc(title)}</h1>", f'<p class="note">written {stamp} by hcp-tune</p>',
+        *body, "</body></html>", ""])
+
+
+def _table(headers, rows, flagged=None) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{svg.esc(h)}</th>" for h in headers) + "</tr>"]
+    for i, row in enumerate(rows):
+        cls = ' class="flagged"' if flagged and flagged[i] else ""
+        out.append(f"<tr{cls}>" + "".join(f"<td>{svg.esc(c)}</td>" for c in row) + "</tr>")
+    return "\n".join(out + ["</table>"])
+
+
+def _warnings(lines: list[str]) -> list[str]:
+    return [f'<div class="warn">{svg.esc(w)}</div>' for w in lines]
+
+
+def regress_page(report: Report) -> str:
+    o = report.options
+    body = [f"<p><b>{svg.esc(summary_line(report))}</b></p>"]
+    body += _warnings(winner_lines(report) + report.warnings)
+    body.append(_table(HEADERS, [cells(c) for c in report.comparisons],
+                       [c.flagged for c in report.comparisons]))
+    body.append(f'<p class="note">method: {svg.esc(METHOD)}; bootstrap seed {o.seed}.</p>')
+    for k in report.keys:
+        body.append(f"<h2>{svg.esc(k.name)}</h2>")
+        body.append(f"<p>winner: {svg.esc(k.base_winner)} ({svg.esc(o.baseline)}) &rarr; "
+                    f"{svg.esc(k.cand_winner)} ({svg.esc(o.candidate)})"
+                    + (" <b>changed</b>" if k.winner_changed else "") + "</p>")
+        if not k.layouts:
+            body.append("<p>no layout measured under both tags</p>")
+            continue
+        rows = [f"{c.layout} {c.comm_type}" for c in k.layouts]
+        ratio = svg.RowsChart(
+            "ratio", rows, f"step time ratio {o.candidate} / {o.baseline} (95% CI; green: "
+            "not flagged)", ["ratio"], vlines=[(1.0, "no change")],
+            bands=[(i, 1 - c.bound, 1 + c.bound) for i, c in enumerate(k.layouts)])
+        for i, c in enumerate(k.layouts):
+            if c.ratio is not None:
+                ratio.marks.append(svg.Mark(
+                    i, c.ratio, 0, c.ci[0], c.ci[1],
+                    title=f"{c.layout}: ratio {c.ratio:.3f} [{c.ci[0]:.3f}, {c.ci[1]:.3f}], "
+                          f"{c.verdict}"))
+        times = svg.RowsChart("step-times", rows, "per-trial median step time (s)",
+                              [f"{o.baseline} (baseline)", f"{o.candidate} (candidate)"])
+        for i, c in enumerate(k.layouts):
+            for s, values in ((0, c.base_s), (1, c.cand_s)):
+                times.marks += [svg.Mark(i, v, s, title=f"{c.layout} {v:.4g} s") for v in values]
+        body.append('<div class="plots">' + svg.rows_chart(ratio) + svg.rows_chart(times)
+                    + "</div>")
+    return page(f"hcp-tune regress: {o.baseline} vs {o.candidate}", body)
+
+
+def _gib(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v / 2**30:.4g}"
+
+
+def report_page(keys: list[KeySummary], title: str) -> str:
+    body = [f"<p>{len(keys)} sweep key(s). Pareto front: layouts no other layout beats on "
+            "both step time and peak memory (red line, <b>yes</b> in the table).</p>"]
+    for k in keys:
+        body.append(f"<h2>{svg.esc(k.name)}</h2>")
+        if k.injected:
+            body += _warnings([f"{k.injected} trial(s) of this key ran with an injected delay "
+                               "(HCP_TUNE_INJECT_DELAY): a testing aid, not a real measurement"])
+        if k.not_ok:
+            body.append('<p class="note">not ranked: ' + ", ".join(
+                f"{n} {s}" for s, n in sorted(k.not_ok.items())) + "</p>")
+        if not k.layouts:
+            body.append("<p>no layout ended ok</p>")
+            continue
+        body.append(_table(
+            ("layout", "trials", "median step s", "peak mem GiB", "Pareto", "predicted s"),
+            [(f"{s.label} {s.comm_type}", s.trials, f"{s.median_s:.4g}", _gib(s.peak_mem_bytes),
+              "yes" if s.pareto else "", f"{s.predicted_s:.4g}" if s.predicted_s else "-")
+             for s in k.layouts]))
+        front = sorted((s for s in k.layouts if s.pareto), key=lambda s: s.median_s)
+        mem = lambda s: (s.peak_mem_bytes or 0) / 2**30  # noqa: E731
+        scatter = svg.XYChart(
+            "pareto", "median step time (s)", "peak memory (GiB)",
+            [svg.Point(s.median_s, mem(s), s.label, 1 if s.pareto else 0,
+                       f"{s.label}: {s.median_s:.4g} s, {mem(s):.4g} GiB"
+                       + (" (Pareto)" if s.pareto else "")) for s in k.layouts],
+            series=["layout", "on the Pareto front"],
+            line=[(s.median_s, mem(s)) for s in front], line_label="Pareto front")
+        spread = svg.RowsChart("spread", [f"{s.label} {s.comm_type}" for s in k.layouts],
+                               "measured step time (s), every step of every ok trial",
+                               ["step", "median"])
+        for i, s in enumerate(k.layouts):
+            spread.marks += [svg.Mark(i, t, 0) for t in s.steps_s]
+            spread.marks.append(svg.Mark(i, s.median_s, 1, shape="tick",
+                                         title=f"{s.label} median {s.median_s:.4g} s"))
+        plots = [svg.xy_chart(scatter), svg.rows_chart(spread)]
+        predicted = [s for s in k.layouts if s.predicted_s]
+        if predicted:
+            plots.append(svg.xy_chart(svg.XYChart(
+                "predicted", "measured median step (s)", "predicted step (s)",
+                [svg.Point(s.median_s, s.predicted_s, s.label) for s in predicted],
+                diagonal=True)))
+        body.append('<div class="plots">' + "".join(plots) + "</div>")
+        if predicted:
+            body.append(f'<p class="note">prediction: {svg.esc(k.prediction_label)}</p>')
+    return page(title, body)

@@ -1,0 +1,125 @@
+"""``report``: what a sweep measured, per key, as data for the HTML page.
+
+Per sweep key (cluster, model, tp, cp, seq, runner, env_tag) and layout: the median of the
+per-trial medians of its ok, verified trials, its peak memory (median over trials), every
+measured step of those trials (the spread), and the cost model's prediction for the same
+layout (``calibrate.report``: the attention-layer model for ``runner=attention`` rows, the
+training-step model for ``bridge``; calibrated parameters when stored for the cluster and
+tag). The **Pareto front** is the set of layouts no other layout beats on both step time
+and peak memory. Reads ``ResultStore(results_dir).rows()`` only; no torch, no pandas.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hcp_tune.engine.store import KEY_FIELDS
+from hcp_tune.noise import percentile
+from hcp_tune.outputs.regress import fingerprint_of, usable
+
+
+@dataclass
+class LayoutSummary:
+    a2a: int
+    p2p: int
+    comm_type: str
+    trials: int  # ok, verified trials
+    median_s: float
+    peak_mem_bytes: Optional[float]
+    steps_s: list[float]
+    predicted_s: Optional[float] = None
+    pareto: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"[{self.a2a},{self.p2p}]"
+
+
+@dataclass
+class KeySummary:
+    key: dict[str, Any]
+    layouts: list[LayoutSummary]
+    not_ok: dict[str, int] = field(default_factory=dict)  # status -> count
+    prediction_label: str = ""
+    injected: int = 0  # trials that ran with HCP_TUNE_INJECT_DELAY
+
+    @property
+    def name(self) -> str:
+        return " ".join(f"{k}={self.key[k]}" for k in KEY_FIELDS)
+
+
+def pareto(layouts: list[LayoutSummary]) -> None:
+    """Mark the layouts no other layout beats on both time and memory (unknown memory = 0)."""
+    mem = lambda s: s.peak_mem_bytes or 0.0  # noqa: E731
+    for s in layouts:
+        s.pareto = not any(
+            (o.median_s <= s.median_s and mem(o) <= mem(s))
+            and (o.median_s < s.median_s or mem(o) < mem(s)) for o in layouts if o is not s)
+
+
+def _steps(row: dict[str, Any]) -> list[float]:
+    raw = row.get("step_times_s") or "[]"
+    try:
+        vals = json.loads(raw) if isinstance(raw, str) else list(raw)
+    except json.JSONDecodeError:
+        return []
+    return [float(v) for v in vals if isinstance(v, (int, float))]
+
+
+def _predict(key: dict[str, Any], layouts: list[LayoutSummary], results_dir) -> str:
+    """Fill ``predicted_s`` from the cost model; the label, or '' when it cannot predict."""
+    from hcp_tune.costmodel import calibrate
+    from hcp_tune.costmodel.formulas import CostParams, label_for
+
+    rows = [{**key, "a2a": s.a2a, "p2p": s.p2p, "median_s": s.median_s} for s in layouts]
+    params = (calibrate.load_params(results_dir, key["cluster"], key["env_tag"])
+              or CostParams())
+    try:
+        fitted = calibrate.report(rows, params)
+        from hcp_tune import config
+
+        cluster = config.load([f"cluster={key['cluster']}"]).cluster
+    except (ValueError, KeyError, TypeError):  # an unknown profile or model: no prediction
+        return ""
+    for s, p in zip(layouts, fitted.per_row):
+        s.predicted_s = p["predicted_s"]
+    return label_for(cluster, params)
+
+
+def summarize(rows: list[dict[str, Any]], *, results_dir=None, env_tag: Optional[str] = None,
+              cluster: Optional[str] = None, model: Optional[str] = None,
+              predictions: bool = True) -> list[KeySummary]:
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        if (env_tag and r.get("env_tag") != env_tag or cluster and r.get("cluster") != cluster
+                or model and r.get("model") != model):
+            continue
+        groups.setdefault(tuple(r.get(k) for k in KEY_FIELDS), []).append(r)
+    out = []
+    for key, key_rows in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        by_layout: dict[int, list[dict[str, Any]]] = {}
+        not_ok: dict[str, int] = {}
+        for r in key_rows:
+            if usable(r):
+                by_layout.setdefault(int(r["a2a"]), []).append(r)
+            else:
+                not_ok[r.get("status", "?")] = not_ok.get(r.get("status", "?"), 0) + 1
+        layouts = []
+        for a2a, lrows in sorted(by_layout.items()):
+            mems = [float(r["peak_mem_bytes"]) for r in lrows
+                    if isinstance(r.get("peak_mem_bytes"), (int, float))
+                    and not math.isnan(r["peak_mem_bytes"])]
+            layouts.append(LayoutSummary(
+                a2a=a2a, p2p=int(lrows[0]["p2p"]), comm_type=lrows[0].get("comm_type", ""),
+                trials=len(lrows), median_s=percentile([float(r["median_s"]) for r in lrows], 50),
+                peak_mem_bytes=percentile(mems, 50) if mems else None,
+                steps_s=[t for r in lrows for t in _steps(r)]))
+        pareto(layouts)
+        ks = KeySummary(dict(zip(KEY_FIELDS, key)), layouts, not_ok,
+                        injected=sum(bool(fingerprint_of(r).get("inject_delay")) for r in key_rows))
+        if predictions and layouts:
+            ks.prediction_label = _predict(ks.key, layouts, results_dir)
+        out.append(ks)
+    return out

@@ -1,0 +1,319 @@
+"""Terminal output: the one module that imports rich.
+
+Tables go to stdout; when stdout is not a terminal the console is wide and colourless so
+piped output stays greppable. Errors go to stderr as one plain line each.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Iterable, Optional
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+MAX_GROUPS_SHOWN = 4  # groups listed per level in the table; format=json lists them all
+
+
+def console() -> Console:
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=240, no_color=True, highlight=False, soft_wrap=False)
+
+
+def error_line(message: str) -> None:
+    for line in str(message).splitlines() or [""]:
+        print(f"hcp-tune: error: {line}", file=sys.stderr)
+
+
+def _groups(groups: list[list[int]]) -> str:
+    shown = " ".join("{" + ",".join(map(str, g)) + "}" for g in groups[:MAX_GROUPS_SHOWN])
+    more = len(groups) - MAX_GROUPS_SHOWN
+    return shown + (f" +{more} more" if more > 0 else "")
+
+
+def print_plan(plan: dict[str, Any]) -> None:
+    rows = plan["candidates"]
+    kept = sum(r["kept"] for r in rows)
+    table = Table(
+        title=f"plan: model={plan['model']} cluster={plan['cluster']} cp={plan['cp']} "
+        f"pp={plan.get('pp', 1)} ({kept} kept, {len(rows) - kept} rejected)",
+        show_lines=True,
+    )
+    for col in ("tp", "seq", "[a2a,p2p]", "comm", "status", "world", "nodes", "crosses",
+                "a2a groups (level 0)", "p2p groups (level 1)", "why"):
+        table.add_column(escape(col), overflow="fold")
+    for r in rows:
+        status = "kept" if r["kept"] else "rejected"
+        why = "; ".join(r["reasons"] + [f"note: {f}" for f in r["flags"]]) or "-"
+        table.add_row(
+            str(r["tp"]), str(r["seq"]), escape(f"[{r['a2a']},{r['p2p']}]"), r["comm_type"],
+            f"[green]{status}[/]" if r["kept"] else f"[red]{status}[/]",
+            str(r["world_size"]), str(r["nodes"]), r["crosses_nodes"],
+            _groups(r["groups"]["a2a"]), _groups(r["groups"]["p2p"]), escape(why),
+        )
+    _notes(plan)
+    console().print(table)
+    if plan.get("estimate"):
+        console().print(escape(f"sweep cost of the kept layouts: {plan['estimate']['text']}"))
+
+
+def _notes(data: dict[str, Any]) -> None:
+    for line in data.get("notes", []):
+        console().print(escape(f"note: {line}"))
+
+
+def print_findings(findings: Iterable[Any], source: str) -> None:
+    findings = list(findings)
+    out = console()
+    if not findings:
+        out.print(f"validate: {source}: no findings, the HCP settings are consistent")
+        return
+    table = Table(title=f"validate: {source}", show_lines=True)
+    for col in ("severity", "rule", "found", "fix"):
+        table.add_column(col, overflow="fold")
+    style = {"error": "red", "warning": "yellow", "info": "cyan"}
+    for f in findings:
+        table.add_row(
+            f"[{style[f.severity]}]{f.severity}[/]", f.rule, escape(f.found), escape(f.fix or "-")
+        )
+    out.print(table)
+    errors = sum(f.severity == "error" for f in findings)
+    out.print(f"{errors} error(s), {len(findings) - errors} other finding(s)")
+
+
+class SweepReporter:
+    """Live view of a sweep on a terminal; one plain line per event otherwise."""
+
+    def __init__(self, live: Optional[bool] = None) -> None:
+        self.live_mode = sys.stdout.isatty() if live is None else live
+        self.rows: dict[str, list[str]] = {}
+        self.best: dict[str, str] = {}
+        self._live = None
+        self.total = 0
+
+    def start(self, total: int, summary: Any) -> None:
+        self.total = total
+        head = f"sweep: {total} trial(s) to run"
+        if summary.resumed or summary.reattached:
+            head += (f"; resumed: {summary.resumed} already stored, "
+                     f"{summary.reattached} re-attached by job id")
+        if summary.retried:
+            head += (f"; measuring {summary.retried} stored failure(s) again "
+                     f"(search.retry={summary.retry})")
+        kept = summary.kept_failures_total()
+        if kept:
+            head += (f"; of those, {by_class_text(kept)} and are kept: search.retry=failed "
+                     f"(or a class, e.g. search.retry={min(kept)}) measures them again")
+        if total and getattr(summary, "estimate", ""):
+            head += f"; {summary.estimate}"
+        console().print(escape(head))
+        if self.live_mode and total:
+            from rich.live import Live
+
+            self._live = Live(self._table(), console=console(), refresh_per_second=4)
+            self._live.start()
+
+    def trial(self, spec: Any, status: str, detail: str, best: Optional[dict] = None) -> None:
+        layout = f"[{spec.a2a},{spec.p2p}]"
+        key = f"tp={spec.tp} seq={spec.seq}"
+        if best:
+            self.best[key] = f"[{best['a2a']},{best['p2p']}] {best['median_s']:.4g} s"
+        self.rows[spec.trial_id] = [spec.trial_id, key, layout, status, detail]
+        if self._live is not None:
+            self._live.update(self._table())
+        else:
+            stamp = time.strftime("%H:%M:%S")
+            tail = f" (best for {key}: {self.best[key]})" if key in self.best else ""
+            print(f"[{stamp}] {spec.trial_id} {layout} {key}: {status} {detail}{tail}", flush=True)
+
+    def _table(self) -> Table:
+        counts: dict[str, int] = {}
+        for r in self.rows.values():
+            counts[r[3]] = counts.get(r[3], 0) + 1
+        title = "sweep: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        table = Table(title=escape(title), caption=escape(
+            "best so far: " + "; ".join(f"{k}: {v}" for k, v in self.best.items())))
+        for col in ("trial", "key", "[a2a,p2p]", "status", "detail"):
+            table.add_column(escape(col), overflow="fold")
+        for r in self.rows.values():
+            table.add_row(*(escape(x) for x in r))
+        return table
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+
+def print_sweep_runner(reason: str) -> None:
+    """Why the sweep measures with another runner than asked (``predict.resolve_runner``)."""
+    if reason:
+        print(reason, file=sys.stderr)
+
+
+def print_sweep_start(plan: Any) -> None:
+    """The plan's notes and fit advice (``sweep_plan.SweepPlan``), before anything runs;
+    the trial count and the estimate are the reporter's first line (``SweepReporter.start``)."""
+    for line in plan.notes:  # the recipe followed; one stage measured when pp > 1
+        print(f"sweep: {line}", file=sys.stderr)
+    for line in plan.fit_advice:  # nothing fits: what would
+        print(line, file=sys.stderr)
+
+
+def print_sweep_end(summary: Any, recs: list[dict[str, Any]], results_dir: Any) -> None:
+    """What the sweep stored, why it stopped early if it did, early stopping's savings,
+    the ranking of this sweep's keys, and what was left unmeasured."""
+    done = ", ".join(f"{v} {k}" for k, v in sorted(summary.by_status.items())) or "nothing new"
+    print(f"sweep: stored {summary.stored} trial(s) ({done}); results in {results_dir}/")
+    if summary.aborted:
+        print(f"sweep: {summary.aborted}", file=sys.stderr)
+    if summary.budget_stop:
+        print(f"sweep: {summary.budget_stop}", file=sys.stderr)
+    if summary.pruned:
+        print(f"early stopping: {summary.pruned} trial(s) pruned, "
+              f"{summary.pruned_saved_steps} measured step(s) not run")
+    if recs:
+        print_recommendations(recs, f"ranked: {results_dir}/recommendations.csv")
+    for line in unmeasured_lines(summary, {(r["tp"], r["seq"]) for r in recs},
+                                 f"{results_dir}/trials.csv"):
+        print(line, file=sys.stderr)
+
+
+def unmeasured_lines(summary: Any, ranked: set, trials_csv: Any) -> list[str]:
+    """What to tell the user about sweep keys left with no ranked layout: per key when
+    some were measured, one verdict when none was, with the failures counted by class."""
+
+    def merged(key) -> tuple[dict[str, int], int]:
+        counts = dict(summary.failures.get(key, {}))
+        kept = summary.kept_failures.get(key, {})
+        for label, n in kept.items():
+            counts[label] = counts.get(label, 0) + n
+        return counts, sum(kept.values())
+
+    missing = [k for k in summary.keys if (k.tp, k.seq) not in ranked]
+    if not summary.keys:
+        return ["sweep: nothing measured: no layout of this sweep is kept (see `python -m "
+                "hcp_tune plan` with the same overrides for the reasons)"]
+    lines, total, total_kept = [], {}, 0
+    for key in missing:
+        counts, kept = merged(key)
+        total_kept += kept
+        for label, n in counts.items():
+            total[label] = total.get(label, 0) + n
+        if ranked:
+            lines.append(f"sweep: nothing measured for tp={key.tp} seq={key.seq}: "
+                         f"{by_class_text(counts) if counts else 'no trial ended ok'}")
+    if not ranked:
+        what = by_class_text(total) if total else "no trial ended ok"
+        lines.append(f"sweep: nothing measured: {what}; errors in {trials_csv}")
+    if total_kept:
+        lines.append(f"sweep: {total_kept} failed or invalid trial(s) stored by an earlier "
+                     "run are kept: after fixing the cause, search.retry=failed (or a class, e.g. "
+                     f"search.retry={min(summary.kept_failures_total())}) measures them again")
+    return lines
+
+
+def print_two_stage(lines: list[dict[str, Any]], path: Any) -> None:
+    """One line per key of a two-stage sweep: each stage's winner and whether they agree."""
+    for ln in lines:
+        verdict = {True: "the attention winner is Bridge's too", False: "they differ",
+                   None: ln["note"]}[ln["matched"]]
+        print(f"two-stage tp={ln['tp']} seq={ln['seq']}: attention best "
+              f"{ln['attention_best'] or '-'}, Bridge best {ln['bridge_best'] or '-'} "
+              f"(of {ln['bridge_candidates'] or 'none'}): {verdict}")
+    print(f"two-stage: {path}")
+
+
+def by_class_text(counts: dict[str, int]) -> str:
+    """``{'oom': 2, 'invalid': 1}`` -> ``'3 trial(s) failed or were invalid (invalid: 1,
+    oom: 2)'``."""
+    classes = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    return f"{sum(counts.values())} trial(s) failed or were invalid ({classes})"
+
+
+def _fmt(v: Any, spec: str = ".4g") -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    return format(v, spec)
+
+
+def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
+    table = Table(title=escape(title), show_lines=True)
+    for col in ("cluster", "model", "tp", "cp", "seq", "env_tag", "best", "median s",
+                "peak mem GiB", "runner-up", "margin", "tie", "vs p2p", "vs a2a", "trials"):
+        table.add_column(escape(col), overflow="fold")
+    for r in recs:
+        mem = r.get("peak_mem_bytes")
+        table.add_row(
+            r["cluster"], r["model"], str(r["tp"]), str(r["cp"]), str(r["seq"]), str(r["env_tag"]),
+            escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"), _fmt(r["median_s"]),
+            _fmt(mem / 2**30 if mem and mem == mem else None, ".3f"), escape(str(r.get("runner_up") or "-")),
+            _fmt(r.get("margin"), ".1%"), "tie" if r.get("tie") else "", _fmt(r.get("speedup_vs_p2p"), ".2f"),
+            _fmt(r.get("speedup_vs_a2a"), ".2f"), str(r["trials"]),
+        )
+    console().print(table)
+
+
+def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list[str]) -> None:
+    out = console()
+    out.print(escape(
+        f"recommend: {rec['cluster']} {rec['model']} tp={rec['tp']} cp={rec['cp']} seq={rec['seq']} "
+        f"env_tag={rec['env_tag']}: [{rec['a2a']},{rec['p2p']}] {rec['comm_type']}, "
+        f"median {_fmt(rec['median_s'])} s over {rec['trials']} trial(s)"
+        + (" (a tie with the runner-up within measured noise)" if rec.get("tie") else "")
+    ))
+    if rec.get("incomplete") and rec.get("missing"):
+        out.print(escape(f"incomplete: not every layout has a valid measurement: "
+                         f"{rec['missing']}; run the same sweep again to measure them"))
+    out.print("\nBridge overrides:\n  " + escape(" ".join(overrides)))
+    out.print("\nPython:\n  " + "\n  ".join(escape(p) for p in python))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f}"
+
+
+def print_predict(pred: dict[str, Any]) -> None:
+    """The cost model's table: every number PREDICTED, with the parameters' source."""
+    rows = pred["candidates"]
+    table = Table(
+        title=f"PREDICTED (cost model, not measured): model={pred['model']} "
+        f"cluster={pred['cluster']} cp={pred['cp']} pp={pred['pp']} mbs={pred['mbs']} "
+        f"gbs={pred['gbs']} recompute={pred['recompute']} {pred['dtype']}; "
+        f"params: {pred['params_source']}",
+        show_lines=False,
+    )
+    for col in ("tp", "seq", "rank", "[a2a,p2p]", "comm", "step ms (pred)", "vs best",
+                "compute ms", "of it short blocks / few heads ms", "exposed a2a ms",
+                "of it messages / shared link ms", "exposed p2p ms", "of it ring steps ms",
+                "other ms",
+                "memory GiB (pred)", "fits", "note"):
+        table.add_column(escape(col), overflow="fold")
+    for r in rows:
+        b, t = r["breakdown_s"], r["terms_s"]
+        fits = "yes" if r["fits_memory"] else f"[red]no (> {pred['gpu_memory_gib']:g})[/]"
+        table.add_row(
+            str(r["tp"]), str(r["seq"]), str(r["rank"] or "-"), escape(f"[{r['a2a']},{r['p2p']}]"),
+            r["comm_type"], _ms(r["predicted_step_time_s"]), f"{r['vs_best']:.3f}x",
+            _ms(b["compute_s"]),
+            f"{_ms(t['compute_short_block_s'])} / {_ms(t['compute_few_heads_s'])}",
+            _ms(b["exposed_a2a_s"]),
+            f"{_ms(t['a2a_messages_s'])} / {_ms(t['a2a_shared_link_s'])}",
+            _ms(b["exposed_p2p_s"]), _ms(t["ring_step_overhead_s"]),
+            _ms(b["other_s"]), f"{r['predicted_memory_gib']:.1f}", fits,
+            escape("; ".join(r["flags"])) or "-",
+        )
+    out = console()
+    _notes(pred)
+    out.print(table)
+    from hcp_tune.costmodel.memory import advice_line
+
+    for a in pred.get("fit_advice", []):
+        out.print(escape(advice_line(a, pred["gpu_memory_gib"], "predict")))
+    for r in pred["rejected"]:
+        out.print(escape(f"rejected tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: "
+                         + "; ".join(r["reasons"])))
+    out.print(escape(f"every number above is {pred['label']}; measure with "
+                     "`python -m hcp_tune sweep ...` on the cluster"))

@@ -1,0 +1,76 @@
+"""``plan``: every candidate layout of the composed sweep, kept or rejected, and why.
+
+Pure over the config: no torch, no jobs. ``engine.sweep_plan.plan_rows`` adds the budget
+estimate and is the JSON-able form that both the table and ``format=json`` print.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from hcp_tune.config import SweepConfig
+from hcp_tune.space.layout import Candidate, enumerate_layouts
+
+
+def candidates(cfg: SweepConfig) -> list[Candidate]:
+    """All candidates of the sweep, ordered by tp, seq, then a2a size."""
+    return [
+        c
+        for tp in cfg.tps
+        for seq in cfg.seqs
+        for c in enumerate_layouts(
+            cfg.model,
+            cfg.cluster,
+            cp=cfg.cp,
+            tp=tp,
+            seq=seq,
+            dp=cfg.dp,
+            pp=cfg.pp,
+            drop_cross_node_a2a=cfg.drop_cross_node_a2a,
+        )
+    ]
+
+
+def crossing(c: Candidate) -> str:
+    """Which levels leave a node: 'a2a+p2p', 'a2a', 'p2p' or '-'."""
+    g = c.groups
+    levels = [n for n, x in (("a2a", g.a2a_crosses_nodes), ("p2p", g.p2p_crosses_nodes)) if x]
+    return "+".join(levels) or "-"
+
+
+def row(c: Candidate) -> dict[str, Any]:
+    g = c.groups
+    return {
+        "tp": c.tp,
+        "cp": c.cp,
+        "seq": c.seq,
+        "dp": c.dp,
+        "pp": c.pp,
+        "a2a": c.layout.a2a,
+        "p2p": c.layout.p2p,
+        "sizes": c.layout.sizes,
+        "comm_type": c.layout.comm_type,
+        "kept": c.kept,
+        "reasons": list(c.reasons),
+        "flags": list(c.flags),
+        "findings": [vars(f) for f in c.findings],
+        "world_size": g.world_size,
+        "nodes": g.nodes,
+        "crosses_nodes": crossing(c),
+        "groups": g.as_dict(),
+        "bridge_overrides": c.layout.bridge_overrides(),
+    }
+
+
+def stage_note(cfg: SweepConfig) -> str:
+    """What the attention runner measures when the world has several pipeline stages."""
+    if cfg.pp == 1:
+        return ""
+    return (f"pp={cfg.pp}: the world is tp*cp*dp*pp and every stage has its own CP groups "
+            f"(ranks s*tp*cp*dp .. (s+1)*tp*cp*dp-1 for stage s); the attention runner "
+            f"measures one stage's CP groups (world tp*cp*dp); runner=bridge too, for now (pp "
+            f"is not passed to Bridge yet); the cost model predicts the whole pipeline")
+
+
+def notes(cfg: SweepConfig) -> list[str]:
+    """Lines every command prints above its table: the recipe followed, the stage note."""
+    return [n for n in (cfg.recipe_note, stage_note(cfg)) if n]

@@ -1,0 +1,4 @@
+"""What Megatron-Core, Transformer Engine and Bridge enforce and compute, as pure functions:
+the HCP rules table (``rules``) and the pipeline schedule's arithmetic (``pipeline``).
+Imports only the contract (``spec``, ``errors``); every orchestrator layer may ask it.
+"""
