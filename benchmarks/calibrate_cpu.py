@@ -123,7 +123,7 @@ def main() -> int:
            else f"in {measure_s:.0f} s")
     ok = [{**r, "env_tag": ENV_TAG} for r in rows if r["status"] == "ok" and r["median_s"]]
     bad = [r for r in rows if r not in ok and r["status"] != "ok"]
-    out = [f"# Cost model calibration on this machine (CPU, attention runner)\n",
+    out = ["# Cost model calibration on this machine (CPU, attention runner)\n",
            f"Measured {len(rows)} trials ({len(ok)} ok) on {platform.processor() or platform.machine()}, "
            f"{os.cpu_count()} cores, {how}: tiny model (8 heads, head_dim 8), "
            f"fp32, pure-torch a2a+p2p reference over gloo, every split, "
@@ -132,7 +132,7 @@ def main() -> int:
            f"`benchmarks/calibrate_cpu_rows.jsonl`; refit with `--rows`).\n"]
     if bad:
         out.append(f"Not ok and left out: {[(r['cp'], r['a2a'], r['seq'], r['status']) for r in bad]}\n")
-    uncal = calibrate.report(ok, calibrate.CostParams())
+    uncal = calibrate.fit_report(ok, calibrate.CostParams())
     out.append(f"Uncalibrated defaults (nominal 10 GFLOP/s/core): rms relative error "
                f"{uncal.rms_rel_error:.1%}, max {uncal.max_rel_error:.1%} over all {uncal.n} rows.\n")
     for name, (train, test) in SPLITS.items():

@@ -62,7 +62,7 @@ def main() -> int:
         out.append(f"### Calibrated on `calibrate_cpu_rows.jsonl` (tiny, cp=4/8; rms "
                    f"{rep.rms_rel_error:.1%} there)\n\n"
                    + agreement.table(agreement.agreement(mine, params)) + "\n")
-        errs = calibrate.report(mine, params)
+        errs = calibrate.fit_report(mine, params)
         out.append(f"Its time error on these rows: rms {errs.rms_rel_error:.1%}, max "
                    f"{errs.max_rel_error:.1%}.\n")
     Path(args.out).write_text("\n".join(out))

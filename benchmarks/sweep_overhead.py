@@ -66,8 +66,8 @@ def main() -> None:
         sys.exit(f"not every trial is ok, no overhead figure: {errors}")
     slots = 1  # the local profile is a CPU profile: the sweep runs one trial at a time
     ideal = packed_makespan(durations, slots)
-    print(f"| trials | slots | sweep wall s | sum of trial wall s | ideal packed s | overhead |")
-    print(f"|---|---|---|---|---|---|")
+    print("| trials | slots | sweep wall s | sum of trial wall s | ideal packed s | overhead |")
+    print("|---|---|---|---|---|---|")
     print(f"| {len(rows)} | {slots} | {wall:.1f} | {sum(durations):.1f} | {ideal:.1f} | "
           f"{wall / ideal:.2f}x |")
 

@@ -100,17 +100,17 @@ def test_within_key_rows_fit_ratios_not_levels():
     times changes nothing in the fit."""
     r = list(rows())
     scaled = [{**x, "median_s": x["median_s"] * (3.0 if x["seq"] == 8192 else 1.0)} for x in r]
-    a = calibrate.report(r, CostParams())
-    b = calibrate.report(scaled, CostParams())
+    a = calibrate.fit_report(r, CostParams())
+    b = calibrate.fit_report(scaled, CostParams())
     assert [x["rel_error"] for x in a.per_row] == pytest.approx([x["rel_error"] for x in b.per_row])
     plain = [{k: v for k, v in x.items() if k != "compare"} for x in scaled]
-    assert calibrate.report(plain, CostParams()).rms_rel_error != pytest.approx(b.rms_rel_error)
+    assert calibrate.fit_report(plain, CostParams()).rms_rel_error != pytest.approx(b.rms_rel_error)
 
 
 def test_a_bad_passes_value_is_one_line():
     bad = [{**rows()[0], "passes": "bwd"}]
     with pytest.raises(ValueError, match="row passes='bwd': expected one of fwd\\+bwd, fwd"):
-        calibrate.report(bad, CostParams())
+        calibrate.fit_report(bad, CostParams())
 
 
 # ------------------------------------------------------------------ TE's study pattern

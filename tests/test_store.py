@@ -129,3 +129,43 @@ def test_a_measured_best_that_would_not_fit_is_never_recommended():
         "[2,4] is predicted to need 132.5 GiB per GPU in training > 80 GiB")
     pred[0]["fits_memory"] = True
     assert unfit_reason(rec, pred, 80) is None
+
+
+def _same_key_by_text(rows, rec):
+    """The selection ``regress.same_key`` made before ``store.key_rows`` replaced it: every
+    key field compared as text, pp=1 for a record without one (kept here as the oracle)."""
+    fields = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "env_tag")
+    default = {"pp": 1}
+    return [r for r in rows if all(str(r.get(k, default.get(k))) == str(rec.get(k, default.get(k)))
+                                   for k in fields)]
+
+
+def test_key_rows_selects_what_the_text_comparison_selected(tmp_path):
+    """recommend's injected-delay check now selects a recommendation's rows with the one
+    ``key_rows``: on recommendations read back from recommendations.csv (pandas' types) and
+    rows with and without pp, it selects exactly what the old text comparison did."""
+    from hcp_tune.engine.store import SweepKey, key_rows
+
+    store = ResultStore(tmp_path)
+    keys = [SweepKey(cluster="local", model="tiny", tp=tp, cp=2, seq=seq, runner="attention",
+                     env_tag=tag, pp=pp)
+            for tp in (1, 2) for seq in (256, 512) for tag in ("a", "b") for pp in (1, 2)]
+    for i, key in enumerate(keys):
+        for a2a in (1, 2):
+            spec = TrialSpec(trial_id=f"{key.slug}-t{i:03d}-a{a2a}", a2a=a2a, p2p=2 // a2a,
+                             tp=key.tp, seq=key.seq, heads=8, kv_heads=8, head_dim=8)
+            res = TrialResult(trial_id=spec.trial_id, status=Status.OK, median_s=0.1 * a2a,
+                              step_times_s=[0.1 * a2a] * 3, p10_s=0.1, p90_s=0.1,
+                              verification={"groups": {"match": True},
+                                            "numerics": {"passed": True}})
+            store.add(trial_row(key, spec, res), key)
+    store.rebuild()
+    rows = store.rows()
+    old = [dict(r) for r in rows[:4]]
+    for r in old:  # rows stored before pp joined the key
+        del r["pp"]
+    recs = store.recommendations()
+    assert len(recs) == len(keys)
+    for rec in recs:
+        for pool in (rows, rows + old):
+            assert key_rows(pool, SweepKey.of(rec)) == _same_key_by_text(pool, rec)

@@ -8,8 +8,8 @@ import pytest
 from hcp_tune import config
 from hcp_tune.costmodel import predict
 from hcp_tune.costmodel.memory import advice_line
-from hcp_tune.engine.store import trial_row
-from hcp_tune.engine.sweep_plan import kept_by_key, key_for, plan_sweep, rows_of
+from hcp_tune.engine.store import key_rows, trial_row
+from hcp_tune.engine.sweep_plan import kept_by_key, key_for, plan_sweep
 from hcp_tune.engine.tuner import Outstanding
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
@@ -128,8 +128,8 @@ def test_a_row_stored_by_another_env_tag_is_not_counted():
 def test_a_row_stored_before_pp_joined_the_key_counts_for_pp_1():
     row = stored(K256, 2)
     del row["pp"]
-    assert rows_of(K256, [row]) == [row]
-    assert rows_of(dataclasses.replace(K256, pp=2), [row]) == []
+    assert key_rows([row], K256) == [row]
+    assert key_rows([row], dataclasses.replace(K256, pp=2)) == []
 
 
 def outstanding(key, a2a, number=7):

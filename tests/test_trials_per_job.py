@@ -4,7 +4,7 @@ import pytest
 
 from hcp_tune import config
 from hcp_tune.config.settings import AUTO_TRIALS_PER_JOB_MAX
-from hcp_tune.engine import budget as cost
+from hcp_tune.engine import budget
 from hcp_tune.errors import ConfigError
 
 
@@ -16,18 +16,18 @@ from hcp_tune.errors import ConfigError
     (500, 1, AUTO_TRIALS_PER_JOB_MAX),  # a crashed batch sends back a bounded number
 ])
 def test_auto_spreads_a_world_sizes_trials_over_the_free_slots(queued, slots, expected):
-    assert cost.trials_per_job("auto", queued, slots) == expected
+    assert budget.trials_per_job("auto", queued, slots) == expected
 
 
 def test_a_number_is_taken_as_given():
-    assert cost.trials_per_job(6, 100, 4) == 6
-    assert cost.trials_per_job(1, 100, 1) == 1
+    assert budget.trials_per_job(6, 100, 4) == 6
+    assert budget.trials_per_job(1, 100, 1) == 1
 
 
 def test_the_default_is_auto_and_a_cpu_profile_has_one_slot():
     cfg = config.load(["cp=2", "seq=256", "model=tiny", "cluster=local"])
     assert cfg.executor.trials_per_job == "auto"
-    assert cost.job_slots(cfg) == 1
+    assert budget.job_slots(cfg) == 1
 
 
 @pytest.mark.parametrize("value", ["0", "most", "2.5", "true"])
@@ -44,7 +44,7 @@ def test_the_estimate_shares_a_job_start_as_auto_packs_the_trials():
 
     def seconds(setting):
         cfg = config.load([*base, f"executor.trials_per_job={setting}"])
-        return sum(c.seconds for c in cost.costs_by_layout(cfg, predict.ordering(cfg)).values())
+        return sum(c.seconds for c in budget.costs_by_layout(cfg, predict.ordering(cfg)).values())
 
     # four trials of one world size on one slot: auto packs them into one job
     assert seconds("auto") == pytest.approx(seconds(4))

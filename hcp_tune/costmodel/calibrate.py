@@ -216,7 +216,7 @@ def nelder_mead(f: Callable[[list[float]], float], x0: list[float], *, step: flo
     return simplex[min(range(n + 1), key=values.__getitem__)]
 
 
-def report(rows: list[dict], params: CostParams, *, clusters=None, models=None,
+def fit_report(rows: list[dict], params: CostParams, *, clusters=None, models=None,
            fitted: tuple[str, ...] = ()) -> FitReport:
     """Relative errors of ``params`` on ``rows`` (no fitting)."""
     resolved = _resolve(rows, clusters, models)
@@ -267,7 +267,7 @@ def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
     when = datetime.date.today().isoformat()
     params = params_at(x).replace(
         source=f"calibrated {when} {r0['cluster']}/{r0.get('env_tag', 'default')} on {len(rows)} rows")
-    return params, report(rows, params, clusters=clusters, models=models, fitted=names)
+    return params, fit_report(rows, params, clusters=clusters, models=models, fitted=names)
 
 
 def holdout_error(rows: list[dict], train_seqs, test_seqs, **kw) -> tuple[CostParams, FitReport, FitReport]:
@@ -281,7 +281,7 @@ def holdout_error(rows: list[dict], train_seqs, test_seqs, **kw) -> tuple[CostPa
     params, train_report = fit(train, **kw)
     for name in ("start", "n_starts", "robust_scale"):
         kw.pop(name, None)
-    return params, train_report, report(test, params, fitted=train_report.fitted, **kw)
+    return params, train_report, fit_report(test, params, fitted=train_report.fitted, **kw)
 
 
 def params_path(results_dir, cluster: str, env_tag: str) -> Path:

@@ -7,7 +7,7 @@
 - ``skip_slower_than(ordered, factor)``: which to skip because they are predicted slower
   than the best of their key by more than ``factor`` (``search.skip_predicted_slower_than``).
 - ``fit_advice(cfg, ordered, params)``: per key where no layout is predicted to fit, the
-  smallest change that would (``fit.advice``).
+  smallest change that would (``memory.advice``).
 - ``resolve_runner(name, command=)``: ``runner=auto`` -> model (no GPU, no SLURM) or
   attention for ``sweep``; always attention for ``trial``, which measures.
 
@@ -21,7 +21,7 @@ import shutil
 from typing import Any
 
 from hcp_tune.config import SweepConfig
-from hcp_tune.costmodel import memory as fit
+from hcp_tune.costmodel import memory
 from hcp_tune.costmodel.calibrate import load_params
 from hcp_tune.costmodel.formulas import CostParams, Prediction, label_for, predict
 from hcp_tune.errors import ConfigError
@@ -84,11 +84,11 @@ def skip_slower_than(ordered: list[tuple[Candidate, Prediction]],
 def fit_advice(cfg: SweepConfig, ordered: list[tuple[Candidate, Prediction]],
                params: CostParams) -> list[dict[str, Any]]:
     """Per (seq, tp) key where no layout of ``ordered`` is predicted to fit the GPU memory,
-    the smallest change that would (``fit.advice``); reuses ``ordered``'s predictions."""
+    the smallest change that would (``memory.advice``); reuses ``ordered``'s predictions."""
     gpu_mem = cfg.cluster.gpu_memory_gib
     unfit = sorted({_key(c) for c, _ in ordered}
                    - {_key(c) for c, p in ordered if p.memory_gib <= gpu_mem})
-    return [fit.advice(dataclasses.replace(cfg, seqs=(seq,), tps=(tp,)), params)
+    return [memory.advice(dataclasses.replace(cfg, seqs=(seq,), tps=(tp,)), params)
             for seq, tp in unfit]
 
 

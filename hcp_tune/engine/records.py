@@ -9,12 +9,16 @@ trial row's extra fields (a skipped layout's ``predicted_step_s``) follow its co
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from hcp_tune.errors import HcpError
 
 KEY_FIELDS = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "env_tag")
+# Key fields that joined the key later, and what a row or recommendation stored before then
+# reads as: the one place an older record's missing key field gets its value.
+OLDER_ROW_DEFAULTS: dict[str, Any] = {"pp": 1}
 # Rows written before the version existed have none and read as version 1.
 ROW_SCHEMA = 1
 RECOMMENDATION_SCHEMA = 1
@@ -37,6 +41,15 @@ def _check_version(d: dict[str, Any], newest: int, what: str, where: str) -> int
     return version
 
 
+def key_field(record: dict[str, Any], name: str) -> Any:
+    """A key field of a stored row or recommendation; a field the record predates (absent,
+    None, or an empty CSV cell read back as NaN) reads as its ``OLDER_ROW_DEFAULTS`` value."""
+    value = record.get(name)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return OLDER_ROW_DEFAULTS.get(name)
+    return value
+
+
 def _split(cls: type, d: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     names = {f.name for f in fields(cls)} - {"extra"}
     return ({k: v for k, v in d.items() if k in names},
@@ -51,7 +64,7 @@ class TrialRow:
     cluster: str
     model: str
     tp: int
-    pp: int = 1  # rows stored before pp joined the key have none
+    pp: int = 1  # rows stored before pp joined the key have none (OLDER_ROW_DEFAULTS)
     cp: int
     seq: int
     runner: str
@@ -95,6 +108,7 @@ class TrialRow:
         trial id, the layout or the status is missing (not a row)."""
         _check_version(d, ROW_SCHEMA, "row", where)
         known, extra = _split(cls, d)
+        known.update({k: key_field(known, k) for k in OLDER_ROW_DEFAULTS})
         return cls(**{**known, "schema_version": ROW_SCHEMA}, extra=extra)
 
     @property
@@ -149,8 +163,7 @@ class Recommendation:
     def from_dict(cls, d: dict[str, Any], where: str = "") -> "Recommendation":
         _check_version(d, RECOMMENDATION_SCHEMA, "recommendation", where)
         known, _ = _split(cls, d)
-        if known.get("pp") is None:
-            known["pp"] = 1
+        known.update({k: key_field(known, k) for k in OLDER_ROW_DEFAULTS})
         if known.get("pareto") is None:
             known["pareto"] = ""
         return cls(**{**known, "schema_version": RECOMMENDATION_SCHEMA})

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Optional
 
 from hcp_tune.engine.records import (
     KEY_FIELDS,
+    OLDER_ROW_DEFAULTS,
     RECOMMENDATION_COLUMNS,
     ROW_SCHEMA,
     TRIAL_COLUMNS,
@@ -33,6 +34,7 @@ from hcp_tune.engine.records import (
     ResultsTooNew,
     TrialRow,
     Verification,
+    key_field,
     row_text,
 )
 from hcp_tune.noise import row_noise
@@ -64,7 +66,7 @@ class SweepKey:
         # pp=1 is left out so that keys (and their slugs, row folders and optuna studies)
         # stored before pp joined the key stay the same
         return "|".join(f"{k}={getattr(self, k)}" for k in KEY_FIELDS
-                        if k != "pp" or self.pp != 1)
+                        if getattr(self, k) != OLDER_ROW_DEFAULTS.get(k))
 
     @property
     def slug(self) -> str:
@@ -73,12 +75,17 @@ class SweepKey:
     @classmethod
     def of(cls, row: dict[str, Any]) -> "SweepKey":
         """The key a row (or recommendation) belongs to, from its key fields."""
-        return cls(**{k: row[k] if k != "pp" else (row.get("pp") or 1) for k in KEY_FIELDS})
+        return cls(**{k: key_field(row, k) for k in KEY_FIELDS})
 
     def holds(self, row: dict[str, Any]) -> bool:
         """The row is one of this key's trials (selected by the key's fields, not an id)."""
-        return all(row.get(k, 1 if k == "pp" else None) == getattr(self, k)
-                   for k in KEY_FIELDS)
+        return all(key_field(row, k) == getattr(self, k) for k in KEY_FIELDS)
+
+
+def key_rows(rows: list[dict[str, Any]], key: SweepKey) -> list[dict[str, Any]]:
+    """The rows (or recommendations) of one sweep key, selected by its fields: the one
+    selection every command uses (an older row's missing key fields read as their defaults)."""
+    return [r for r in rows if key.holds(r)]
 
 
 def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any) -> dict[str, Any]:
@@ -169,7 +176,7 @@ class ResultStore:
 
     def key_rows(self, key: SweepKey) -> list[dict[str, Any]]:
         """The rows of one sweep key, selected by its fields."""
-        return [r for r in self.rows() if key.holds(r)]
+        return key_rows(self.rows(), key)
 
     def rebuild(self, storage: Any = None) -> tuple[Path, Path]:
         """Under the lock: import row files the studies lack (a folder written by an older

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.config import SweepConfig
-from hcp_tune.engine import budget as cost
-from hcp_tune.engine import dispatch, sweep_plan
+from hcp_tune.engine import budget, dispatch, sweep_plan
 from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
 from hcp_tune.engine.sweep_plan import SweepPlan, failure_label, kept_by_key, plan_sweep
 
@@ -206,7 +205,7 @@ class SweepSummary:
     kept_failures: dict[SweepKey, dict[str, int]] = field(default_factory=dict)
     retried: int = 0  # stored failures measured again because of search.retry
     requeued: int = 0  # trials a broken batch never ran, sent again in a new job
-    estimate: str = ""  # what the planned trials will cost, estimated (cost.Estimate.text)
+    estimate: str = ""  # what the planned trials will cost, estimated (budget.Estimate.text)
     budget_stop: str = ""  # why search.budget_gpu_hours stopped submitting, if it did
     retry: str = "none"  # search.retry as given
 
@@ -242,14 +241,14 @@ class Sweeper:
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         # CPU trials share this machine's cores: measured side by side they would rank the
         # contention, not the layouts. GPU trials get their own nodes and run in parallel.
-        self.slots = cost.job_slots(cfg)
+        self.slots = budget.job_slots(cfg)
         self.early_stop = cfg.search.early_stop
         storage = cfg.search.storage or str(cfg.results_dir / "optuna.journal")
         self.storage = tuner.open_storage(storage)
         self.only = only  # (tp, seq) -> the a2a sizes to measure; None: every kept layout
         self.planned: Optional[SweepPlan] = None  # set by plan()
         self.studies: dict[SweepKey, Any] = {}  # one tuner.LayoutStudy per key
-        # (tp, seq, a2a) -> cost.TrialCost, from the plan: the budget's per-trial estimate
+        # (tp, seq, a2a) -> budget.TrialCost, from the plan: the budget's per-trial estimate
         self.costs: dict[tuple[int, int, int], Any] = {}
         self.budget = cfg.search.budget_gpu_hours
         self.spent_gpu_hours = 0.0  # the estimate of what this run has submitted
@@ -387,7 +386,7 @@ class Sweeper:
         # trial per job; as steps (fresh processes each), trials_per_job of them
         bridge_alone = self.cfg.runner.name == "bridge" and not self.steps
         same_world = sum(w.cand.tp * w.cand.cp == world for w in self.queue)
-        limit = 1 if bridge_alone else cost.trials_per_job(
+        limit = 1 if bridge_alone else budget.trials_per_job(
             self.exec_cfg.trials_per_job, same_world, max(1, free))
         picked: list[Work] = []
         taken: set[tuple] = set()  # (key, a2a): a repeat goes to another job, not this one

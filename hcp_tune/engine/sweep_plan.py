@@ -19,8 +19,9 @@ from hcp_tune.config.settings import RETRY_CHOICES
 from hcp_tune.costmodel import predict
 from hcp_tune.costmodel.formulas import CostParams
 from hcp_tune.costmodel.memory import advice_line
-from hcp_tune.engine import budget as cost
+from hcp_tune.engine import budget
 from hcp_tune.engine.store import SweepKey
+from hcp_tune.engine.store import key_rows as select_rows
 from hcp_tune.space.layout import Candidate
 from hcp_tune.space.plan import candidates, notes
 from hcp_tune.space.plan import row as plan_row
@@ -73,12 +74,6 @@ def kept_by_key(cfg: SweepConfig, cands: Optional[list[Candidate]] = None
     return groups
 
 
-def rows_of(key: SweepKey, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The stored rows of ``key``, selected by its fields (``store.KEY_FIELDS``); a row
-    without ``pp`` was stored before pp joined the key and has pp=1 (``SweepKey.holds``)."""
-    return [r for r in rows if key.holds(r)]
-
-
 @dataclass(frozen=True)
 class Planned:
     """One trial to measure."""
@@ -122,8 +117,8 @@ class SweepPlan:
     kept_failures: dict[SweepKey, dict[str, int]]
     notes: list[str]  # the recipe followed, the pipeline-stage note
     fit_advice: list[str]  # per key where no layout is predicted to fit: what would
-    costs: dict[LayoutId, cost.TrialCost]  # every kept layout's estimated cost
-    estimate: cost.Estimate  # of the queue: exactly the planned trials
+    costs: dict[LayoutId, budget.TrialCost]  # every kept layout's estimated cost
+    estimate: budget.Estimate  # of the queue: exactly the planned trials
     cpu: bool = False  # a CPU profile: the estimate counts rank-hours
     retry: str = "none"  # search.retry as given
 
@@ -137,7 +132,7 @@ class SweepPlan:
 
     @property
     def estimate_text(self) -> str:
-        """The estimate in words, labelled an estimate (``cost.Estimate.text``)."""
+        """The estimate in words, labelled an estimate (``budget.Estimate.text``)."""
         return self.estimate.text(self.cpu)
 
 
@@ -189,7 +184,7 @@ def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
     predicted = {(c.tp, c.seq, c.layout.a2a): p.step_time_s for c, p in ordered}
     skips = {(k["tp"], k["seq"], k["a2a"]): k
              for k in predict.skip_slower_than(ordered, s.skip_predicted_slower_than)}
-    costs = cost.costs_by_layout(cfg, ordered)
+    costs = budget.costs_by_layout(cfg, ordered)
     advice = [advice_line(a, cfg.cluster.gpu_memory_gib, "sweep")
               for a in predict.fit_advice(cfg, ordered, params)]
     retry = retry_labels(s.retry)
@@ -201,7 +196,7 @@ def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
     kept_failures: dict[SweepKey, dict[str, int]] = {}
     resumed = retried = 0
     for key, layouts in kept.items():
-        key_rows = stored[key] = rows_of(key, stored_rows)
+        key_rows = stored[key] = select_rows(stored_rows, key)
         done, failures, n_retried = _resume(key_rows, retry, s.repeats)
         resumed += sum(done.values())
         retried += n_retried
@@ -229,7 +224,7 @@ def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
                     done[cand.layout.a2a] -= 1
                     continue
                 queue.append(Planned(key, cand))
-    est = cost.estimate([costs[(p.cand.tp, p.cand.seq, p.cand.layout.a2a)] for p in queue])
+    est = budget.estimate([costs[(p.cand.tp, p.cand.seq, p.cand.layout.a2a)] for p in queue])
     return SweepPlan(
         kept=kept, queue=queue, skipped=skipped, reattach=reattach, stored=stored,
         resumed=resumed, retried=retried, kept_failures=kept_failures, notes=notes(cfg),
@@ -255,8 +250,8 @@ def plan_rows(cfg: SweepConfig) -> dict[str, Any]:
 
 def sweep_estimate(cfg: SweepConfig, cands: list[Candidate]) -> dict[str, Any]:
     """What measuring every kept layout ``search.repeats`` times would cost (an estimate)."""
-    per = cost.costs_by_layout(cfg, predict.ordering(cfg, cands))
+    per = budget.costs_by_layout(cfg, predict.ordering(cfg, cands))
     costs = [c for c in per.values() for _ in range(cfg.search.repeats)]
-    est = cost.estimate(costs)
+    est = budget.estimate(costs)
     return {"trials": est.trials, "node_hours": est.node_hours, "gpu_hours": est.gpu_hours,
             "label": "estimate", "text": est.text(cfg.cluster.device == "cpu")}

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from hcp_tune.config import SweepConfig
 from hcp_tune.engine import store as store_mod
+from hcp_tune.engine.store import SweepKey
 from hcp_tune.engine.sweep import Sweeper, SweepSummary
 from hcp_tune.engine.sweep_plan import SweepPlan
 from hcp_tune.spec import atomic_write_text
@@ -36,9 +37,10 @@ def stage_config(cfg: SweepConfig, runner: str) -> SweepConfig:
 
 def _key_rows(rows: list[dict[str, Any]], cfg: SweepConfig, runner: str, tp: int, seq: int
               ) -> list[dict[str, Any]]:
-    return [r for r in rows if r.get("runner") == runner and r.get("tp") == tp
-            and r.get("seq") == seq and r.get("cp") == cfg.cp and r.get("model") == cfg.model.name
-            and r.get("cluster") == cfg.cluster.name and r.get("env_tag") == cfg.env_tag]
+    """The rows of one stage's key (``runner``) at (tp, seq)."""
+    key = SweepKey(cluster=cfg.cluster.name, model=cfg.model.name, tp=tp, pp=cfg.pp, cp=cfg.cp,
+                   seq=seq, runner=runner, env_tag=cfg.env_tag)
+    return store_mod.key_rows(rows, key)
 
 
 def best_layouts(rows: list[dict[str, Any]], cfg: SweepConfig, k: int

@@ -17,7 +17,7 @@ import datetime
 from typing import Optional
 
 from hcp_tune.outputs import svg
-from hcp_tune.outputs.regress import METHOD, Report
+from hcp_tune.outputs.regress import METHOD, Comparison
 from hcp_tune.outputs.regress_view import HEADERS, cells, summary_line, winner_lines
 from hcp_tune.outputs.report import KeySummary
 
@@ -54,7 +54,7 @@ def _warnings(lines: list[str]) -> list[str]:
     return [f'<div class="warn">{svg.esc(w)}</div>' for w in lines]
 
 
-def regress_page(report: Report) -> str:
+def regress_page(report: Comparison) -> str:
     o = report.options
     body = [f"<p><b>{svg.esc(summary_line(report))}</b></p>"]
     body += _warnings(winner_lines(report) + report.warnings)

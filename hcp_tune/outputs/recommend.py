@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+from hcp_tune.engine.records import key_field
 from hcp_tune.space.layout import Layout
 
 
@@ -29,7 +30,7 @@ def nearest(recs: list[dict[str, Any]], want: dict[str, Any], n: int = 5) -> lis
             d += weight * (str(r[k]) != str(want[k]))
         for k in ("cp", "tp", "pp", "seq"):
             if want.get(k):
-                d += abs(math.log2(float(r.get(k) or 1) / float(want[k])))
+                d += abs(math.log2(float(key_field(r, k) or 1) / float(want[k])))
         return d
 
     return sorted(recs, key=distance)[:n]

@@ -41,6 +41,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hcp_tune.engine.records import OLDER_ROW_DEFAULTS, key_field
 from hcp_tune.errors import HcpError
 from hcp_tune.noise import noise, percentile
 
@@ -130,7 +131,7 @@ class KeyComparison:
 
 
 @dataclass
-class Report:
+class Comparison:
     options: Options
     keys: list[KeyComparison]
     warnings: list[str] = field(default_factory=list)  # fingerprint drift, injected delays
@@ -150,12 +151,12 @@ class Report:
 
 def key_text(key: tuple) -> str:
     """The key as the user types it; pp=1 is left out, as in the sweep key's name."""
-    return " ".join(f"{k}={v}" for k, v in zip(COMPARED, key) if k != "pp" or v != 1)
+    return " ".join(f"{k}={v}" for k, v in zip(COMPARED, key) if v != OLDER_ROW_DEFAULTS.get(k))
 
 
 def row_key(r: dict[str, Any]) -> tuple:
     """A row's COMPARED values; a row stored before pp joined the key has pp=1."""
-    return tuple(r.get(k, 1) if k == "pp" else r.get(k) for k in COMPARED)
+    return tuple(key_field(r, k) for k in COMPARED)
 
 
 def fingerprint_of(row: dict[str, Any]) -> dict[str, Any]:
@@ -262,7 +263,7 @@ def _filtered(rows: list[dict], opts: Options) -> list[dict]:
             and r.get("status") != "skipped"]
 
 
-def compare(rows: list[dict[str, Any]], opts: Options) -> Report:
+def compare(rows: list[dict[str, Any]], opts: Options) -> Comparison:
     """Every key and layout measured under both tags; ``RegressError`` for bad input."""
     rows = _filtered(rows, opts)
     tags = sorted({str(r.get("env_tag")) for r in rows})
@@ -312,7 +313,7 @@ def compare(rows: list[dict[str, Any]], opts: Options) -> Report:
             f"too few trials: regress needs >= {MIN_TRIALS} ok, verified trials per layout "
             f"under each tag; {'; '.join(too_few)}; measure again with search.repeats="
             f"{MIN_TRIALS} search.early_stop=false and the same env_tag")
-    report = Report(opts, keys)
+    report = Comparison(opts, keys)
     chosen = [r for r in rows if r.get("env_tag") in (opts.baseline, opts.candidate)
               and row_key(r) in set(common)]
     report.warnings = injected_warnings(chosen) + drift_warnings(chosen)
@@ -332,14 +333,6 @@ def _filter_text(opts: Options) -> str:
 
 def _keys_text(groups: dict) -> str:
     return "; ".join(key_text(k) for k in sorted(groups, key=str)) or "no keys"
-
-
-def same_key(rows: list[dict[str, Any]], key: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of one sweep key (``key`` holds the key fields, as a recommendation does)."""
-    fields = (*COMPARED, "env_tag")
-    default = {"pp": 1}  # rows and tables stored before pp joined the key
-    return [r for r in rows if all(str(r.get(k, default.get(k))) == str(key.get(k, default.get(k)))
-                                   for k in fields)]
 
 
 def injected_warnings(rows: list[dict[str, Any]]) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from hcp_tune.noise import percentile
-from hcp_tune.outputs.regress import METHOD, LayoutComparison, Report, key_text
+from hcp_tune.outputs.regress import METHOD, Comparison, LayoutComparison, key_text
 
 HEADERS = ("key", "layout", "trials b/c", "baseline s", "candidate s", "ratio", "95% CI",
            "noise", "verdict", "mem ratio", "mem")
@@ -37,7 +37,7 @@ def cells(c: LayoutComparison) -> list[str]:
             {"regression": "MEM REGRESSION"}.get(c.mem_verdict, c.mem_verdict)]
 
 
-def winner_lines(report: Report) -> list[str]:
+def winner_lines(report: Comparison) -> list[str]:
     out = []
     for k in report.keys:
         if k.winner_changed:
@@ -46,7 +46,7 @@ def winner_lines(report: Report) -> list[str]:
     return out
 
 
-def summary_line(report: Report) -> str:
+def summary_line(report: Comparison) -> str:
     o = report.options
     flagged = report.flagged
     what = (f"{len(flagged)} of {len(report.comparisons)} key/layout(s) flagged"
@@ -55,7 +55,7 @@ def summary_line(report: Report) -> str:
             f"memory {pct(o.mem_threshold)})")
 
 
-def print_report(report: Report, written: list[str]) -> None:
+def print_report(report: Comparison, written: list[str]) -> None:
     """One rich table per key (the key is its title), then plain lines a script can grep."""
     from rich.table import Table
 
@@ -82,7 +82,7 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown(report: Report) -> str:
+def markdown(report: Comparison) -> str:
     o = report.options
     lines = [f"# Regression: {o.baseline} (baseline) vs {o.candidate} (candidate)", "",
              summary_line(report), ""]

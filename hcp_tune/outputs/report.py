@@ -3,7 +3,7 @@
 Per sweep key (cluster, model, tp, cp, seq, runner, env_tag) and layout: the median of the
 per-trial medians of its ok, verified trials, its peak memory (median over trials), every
 measured step of those trials (the spread), and the cost model's prediction for the same
-layout (``calibrate.report``: the attention-layer model for ``runner=attention`` rows, the
+layout (``calibrate.fit_report``: the attention-layer model for ``runner=attention`` rows, the
 training-step model for ``bridge``; calibrated parameters when stored for the cluster and
 tag). The **Pareto front** is the set of layouts no other layout beats on both step time
 and peak memory. Reads ``ResultStore(results_dir).rows()`` only; no torch, no pandas.
@@ -77,7 +77,7 @@ def _predict(key: dict[str, Any], layouts: list[LayoutSummary], results_dir) -> 
     params = (calibrate.load_params(results_dir, key["cluster"], key["env_tag"])
               or CostParams())
     try:
-        fitted = calibrate.report(rows, params)
+        fitted = calibrate.fit_report(rows, params)
         from hcp_tune import config
 
         cluster = config.load([f"cluster={key['cluster']}"]).cluster

@@ -38,7 +38,7 @@ def print_plan(plan: dict[str, Any]) -> None:
     kept = sum(r["kept"] for r in rows)
     table = Table(
         title=f"plan: model={plan['model']} cluster={plan['cluster']} cp={plan['cp']} "
-        f"pp={plan.get('pp', 1)} ({kept} kept, {len(rows) - kept} rejected)",
+        f"pp={plan['pp']} ({kept} kept, {len(rows) - kept} rejected)",
         show_lines=True,
     )
     for col in ("tp", "seq", "[a2a,p2p]", "comm", "status", "world", "nodes", "crosses",
