@@ -4,7 +4,7 @@ Reads the sources (not an installed Bridge: it cannot be imported without Transf
 Engine) from two git checkouts with ``git show REV:PATH``, parses each dataclass with
 ``ast`` and follows the base classes named in ``CLASSES``. The output lists, per
 ConfigContainer section, every field a dotted path may name, Bridge's callback event names
-and ``pretrain``'s parameters; tests/test_bridge_config.py checks every path and callback
+and ``pretrain``'s parameters; tests/job/bridge/test_bridge_config.py checks every path and callback
 hcp-tune uses against them. Usage::
 
     python scripts/bridge_fields.py BRIDGE_GIT MEGATRON_LM_GIT > tests/data/bridge_fields.json

@@ -7,7 +7,7 @@
 #   scripts/gpu_check.sh            # TE on the GPUs (profile dgx-h100: --cluster NAME)
 #   scripts/gpu_check.sh --cpu      # the same trials with the torch reference on gloo
 # Works from any folder. Python: $PYTHON if set, else the repo's .venv, else python3.
-# The logic is hcp_tune/gpucheck/ (tested by tests/test_gpu_check.py).
+# The logic is hcp_tune/gpucheck/ (tested by tests/gpucheck/test_gpu_check.py).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -n "${PYTHON:-}" ]]; then

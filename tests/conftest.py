@@ -17,9 +17,10 @@ import cloudpickle
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import payloads  # noqa: E402
+import helpers  # noqa: E402
+from helpers import kept_layouts, make_spec  # noqa: E402
 
-cloudpickle.register_pickle_by_value(payloads)  # jobs unpickle without the tests folder
+cloudpickle.register_pickle_by_value(helpers)  # jobs unpickle without the tests folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,48 +46,11 @@ def slurm_cluster() -> None:
         pytest.skip(reason)
 
 
-
 from pathlib import Path
 
 import pytest
-import yaml
 
-from hcp_tune.config.cluster import cluster_from_mapping
-from hcp_tune.config.model import model_from_mapping
-from hcp_tune.space.layout import Layout, enumerate_layouts, rank_groups
-from hcp_tune.spec import TrialSpec
-
-CONF = Path(__file__).resolve().parent.parent / "conf"
-
-
-def load_model(name: str):
-    return model_from_mapping(yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text()), name)
-
-
-def load_cluster(name: str = "local"):
-    return cluster_from_mapping(yaml.safe_load((CONF / "cluster" / f"{name}.yaml").read_text()), name)
-
-
-def kept_layouts(model: str, *, cp: int, tp: int, seq: int) -> list[Layout]:
-    cands = enumerate_layouts(load_model(model), load_cluster(), cp=cp, tp=tp, seq=seq)
-    return [c.layout for c in cands if c.kept]
-
-
-def make_spec(layout: Layout, *, model: str = "tiny", tp: int = 1, seq: int = 128,
-              **overrides) -> TrialSpec:
-    m = load_model(model)
-    fields = dict(
-        trial_id=f"{model}-tp{tp}-cp{layout.cp}-{layout.a2a}x{layout.p2p}"
-        + (f"-{overrides['inject_fault']}" if overrides.get("inject_fault") else ""),
-        a2a=layout.a2a, p2p=layout.p2p, tp=tp, seq=seq,
-        heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim, hidden=m.hidden,
-        layers=m.layers, vocab=m.vocab,
-        warmup_steps=1, measure_steps=2,  # tiny: the behaviour is tested, not the speed
-        comm_timeout_s=20.0, time_limit_s=120.0,
-        expected_groups=rank_groups(layout, tp=tp, gpus_per_node=8).as_dict(),
-    )
-    fields.update(overrides)
-    return TrialSpec(**fields)
+from hcp_tune.space.layout import Layout
 
 
 @pytest.fixture
@@ -143,3 +107,13 @@ def pytest_configure(config):
 
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture
+def fake_srun(tmp_path, monkeypatch):
+    """submitit's SlurmExecutor only checks that srun exists."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PKG = Path(__file__).resolve().parents[1] / "hcp_tune"
 
 # The orchestrator's layers, lowest first; a module may import its own layer and those below.
@@ -155,14 +153,3 @@ def test_orchestrator_reaches_the_job_side_only_through_the_listed_edges():
     edges = {(m, d) for m, deps in GRAPH.items() if layer(m) not in ("job", "top")
              for d in deps if layer(d) == "job"}
     assert edges == set(ORCHESTRATOR_TO_JOB)
-
-
-@pytest.mark.parametrize("old, new", [
-    ("hcp_tune.calibrate", "hcp_tune.costmodel.calibrate"),
-    ("hcp_tune.launch", "hcp_tune.engine.launch"),
-    ("hcp_tune.job.bridge_guard", "hcp_tune.job.bridge.guard"),
-])
-def test_moved_modules_keep_their_old_import_path(old, new):
-    import importlib
-
-    assert importlib.import_module(old) is importlib.import_module(new)

@@ -13,7 +13,7 @@ Rows with ``"compare": "within_key"`` (a published table whose rows are not comp
 each other) count only through the ratios of one key's splits.
 
 Stored as ``<results_dir>/calibration/<cluster>__<env_tag>.json``.
-    python -m hcp_tune.costmodel.calibrate ROWS.json [results_dir=results]   (a JSON list or JSONL)
+    python -m hcp_tune.calibrate ROWS.json [results_dir=results]   (a JSON list or JSONL)
 """
 from __future__ import annotations
 
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     files = [a for a in argv if "=" not in a]
     opts = dict(a.split("=", 1) for a in argv if "=" in a)
     if len(files) != 1 or set(opts) - {"results_dir"}:
-        print("usage: python -m hcp_tune.costmodel.calibrate ROWS.json [results_dir=results]", file=sys.stderr)
+        print("usage: python -m hcp_tune.calibrate ROWS.json [results_dir=results]", file=sys.stderr)
         return 2
     rows = read_rows(files[0])
     params, rep = fit(rows)

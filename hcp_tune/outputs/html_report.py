@@ -1,6 +1,6 @@
 """Self-contained HTML pages: the ``regress`` comparison and the ``report`` of a sweep.
 
-One file each, inline CSS and inline SVG (``hcp_tune/svg.py``): no script, no font, no
+One file each, inline CSS and inline SVG (``hcp_tune/outputs/svg.py``): no script, no font, no
 image, nothing fetched, so the page opens from disk on a machine without a network.
 Plots per key:
 

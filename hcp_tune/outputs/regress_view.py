@@ -1,7 +1,7 @@
 """How a ``regress`` comparison is shown: the terminal table (rich) and the Markdown file.
 
-The HTML page with plots is ``hcp_tune/html_report.py``; the numbers and verdicts all come
-from ``hcp_tune/regress.py``. Each table row is one key and layout.
+The HTML page with plots is ``hcp_tune/outputs/html_report.py``; the numbers and verdicts all come
+from ``hcp_tune/outputs/regress.py``. Each table row is one key and layout.
 """
 from __future__ import annotations
 

@@ -1,0 +1,162 @@
+"""`sweep` end to end through the real local SLURM cluster (and the local executor):
+measured rows, ranking, recommendation, resume after SIGKILL, Ctrl-C, failed trials."""
+import json
+
+import pandas as pd
+import pytest
+from helpers import (
+    TINY,
+    ctrl_c_once_submitted,
+    hcp,
+    kill_after_first_row_and_resume,
+    rows,
+    squeue_ids,
+)
+
+
+@pytest.mark.slurm
+def test_sweep_measures_ranks_and_recommends(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=4", "seq=[2048,4096]", *TINY, "executor=slurm", f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(res)
+    assert sorted((x["seq"], x["a2a"], x["p2p"]) for x in got) == [
+        (s, a, 4 // a) for s in (2048, 4096) for a in (1, 2, 4)]
+    assert {x["status"] for x in got} == {"ok"}, [x["error"] for x in got]
+    assert all(x["verified"] for x in got)
+    assert all(x["job_id"] and x["steps"] == 3 for x in got)
+    recs = pd.read_csv(res / "recommendations.csv")
+    assert sorted(recs["seq"]) == [2048, 4096]
+    for rec in recs.to_dict("records"):
+        key_rows = [x for x in got if x["seq"] == rec["seq"]]
+        fastest = min(key_rows, key=lambda x: x["median_s"])
+        assert (rec["a2a"], rec["p2p"]) == (fastest["a2a"], fastest["p2p"])
+        assert rec["trials"] == 3
+    assert "ranked:" in r.stdout
+    # recommend answers from what was stored
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=4", "seq=2048", f"results_dir={res}",
+            "format=json")
+    assert r.returncode == 0, r.stderr
+    ans = json.loads(r.stdout)
+    assert ans["found"] and ans["bridge_overrides"][0] == "model.context_parallel_size=4"
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=4", "seq=8192", f"results_dir={res}")
+    assert r.returncode == 3
+    assert "nothing measured for" in r.stdout and "seq=2048" in r.stdout
+    # running it again measures nothing new
+    r = hcp("sweep", "cp=4", "seq=[2048,4096]", *TINY, "executor=slurm", f"results_dir={res}")
+    assert r.returncode == 0 and "0 trial(s) to run" in r.stdout
+    assert len(rows(res)) == 6
+
+
+@pytest.mark.slurm
+def test_killed_sweep_resumes_without_losing_or_rerunning(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    args = ["sweep", "cp=4", "seq=2048", *TINY, "executor=slurm", "executor.array_parallelism=1",
+            f"results_dir={res}"]
+    first, after, out = kill_after_first_row_and_resume(res, args)
+    assert "resumed:" in out
+    assert sorted((x["a2a"], x["status"]) for x in after.values()) == [
+        (1, "ok"), (2, "ok"), (4, "ok")]
+
+
+@pytest.mark.slurm
+def test_ctrl_c_cancels_outstanding_jobs(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    got, before = ctrl_c_once_submitted(res, "cp=2", "seq=1024")
+    assert got and {x["status"] for x in got} == {"cancelled"}
+    assert not ({x["job_id"] for x in got} & squeue_ids() & before)
+
+
+@pytest.mark.slurm
+def test_failing_trial_is_recorded_with_its_class_and_the_sweep_completes(slurm_cluster, tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "runner.inject_fault=raise", "executor=slurm",
+            f"results_dir={res}")
+    assert r.returncode == 1, r.stdout + r.stderr  # nothing was measured
+    assert "sweep: nothing measured: 2 trial(s) failed or were invalid (unknown: 2)" in r.stderr
+    got = rows(res)
+    assert len(got) == 2 and {x["status"] for x in got} == {"failed"}
+    assert all(x["failure_class"] and x["error"] for x in got)
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=1024", f"results_dir={res}")
+    assert r.returncode == 3
+
+
+def test_sweep_through_the_local_executor(tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "executor=local", f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(res)
+    assert sorted((x["a2a"], x["status"]) for x in got) == [(1, "ok"), (2, "ok")]
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=1024", f"results_dir={res}")
+    assert r.returncode == 0 and "model.cp_comm_type=" in r.stdout
+
+
+def test_planted_cp_off_is_never_ranked(tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "runner.inject_fault=cp_off", "executor=local",
+            f"results_dir={res}")
+    assert r.returncode == 1, r.stdout + r.stderr  # nothing proved CP active: nothing measured
+    assert "nothing measured: 2 trial(s) failed or were invalid (invalid: 2)" in r.stderr
+    assert {x["status"] for x in rows(res)} == {"invalid"}
+    r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=1024", f"results_dir={res}")
+    assert r.returncode == 3
+
+
+def test_environment_failure_stops_the_sweep_and_says_how_to_resume(tmp_path):
+    res = tmp_path / "results"
+    # a GPU cluster profile on this CPU machine: every trial would fail the same way
+    r = hcp("sweep", "cp=2", "seq=1024", "model=tiny", "cluster=dgx-h100", "runner=attention",
+            "runner.warmup_steps=1", "runner.measure_steps=3", "executor=local",
+            f"results_dir={res}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    (row,) = rows(res)
+    assert row["status"] == "failed" and row["failure_class"] == "environment"
+    assert "no CUDA device on this node" in row["error"]
+    assert "1 trial(s) not run" in r.stderr and "run the same command again" in r.stderr
+    # run again (as after fixing the stack): the environment failure is retried, not kept
+    r = hcp("sweep", "cp=2", "seq=1024", "model=tiny", "cluster=dgx-h100", "runner=attention",
+            "runner.warmup_steps=1", "runner.measure_steps=3", "executor=local",
+            f"results_dir={res}")
+    assert "sweep: 2 trial(s) to run" in r.stdout
+    assert len(rows(res)) == 2  # the first failure stays on record beside the retry
+
+
+def test_layouts_predicted_too_slow_are_skipped_with_the_prediction(tmp_path):
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "executor=local",
+            "search.skip_predicted_slower_than=1.0", f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = {x["status"]: x for x in rows(res)}
+    assert sorted(got) == ["ok", "skipped"]  # the best predicted runs, the other is skipped
+    assert "predicted" in got["skipped"]["error"] and got["skipped"]["predicted_step_s"] > 0
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "executor=local",
+            "search.skip_predicted_slower_than=1.0", f"results_dir={res}")
+    assert "0 trial(s) to run" in r.stdout  # a skipped layout is not re-planned on resume
+
+
+def test_recommend_without_measurements_offers_a_labelled_prediction(tmp_path):
+    r = hcp("recommend", "cluster=dgx-h100", "model=llama3-8b", "cp=8", "seq=131072",
+            f"results_dir={tmp_path}", "format=json")
+    assert r.returncode == 3
+    ans = json.loads(r.stdout)
+    assert ans["found"] is False and ans["recommendation"] is None
+    assert ans["prediction"]["label"].startswith("predicted")
+    assert ans["prediction"]["bridge_overrides"][0] == "model.context_parallel_size=8"
+    r = hcp("recommend", "cluster=dgx-h100", "model=llama3-8b", "cp=8", "seq=131072",
+            f"results_dir={tmp_path}")
+    assert "PREDICTED, not measured" in r.stdout
+
+
+@pytest.mark.slurm
+def test_a_job_slurm_can_never_start_fails_at_once_and_is_cancelled(slurm_cluster, tmp_path):
+    """cp=8 tp=4 on dgx-h100 needs 4 nodes of 8 GPUs; the local cluster has one node, so
+    SLURM keeps the job pending (reason PartitionConfig) forever. The sweep must not wait:
+    the trial fails as an environment problem naming the reason, and the job is cancelled."""
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=8", "seq=131072", "tp=4", "pp=1", "cluster=dgx-h100",
+            "runner=attention", "executor=slurm", f"results_dir={res}", timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "SLURM will never start job" in r.stdout and "PartitionConfig" in r.stdout
+    got = rows(res)
+    assert got and {(x["status"], x["failure_class"]) for x in got} == {("failed", "environment")}
+    assert not ({x["job_id"] for x in got} & squeue_ids())
