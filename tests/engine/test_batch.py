@@ -88,17 +88,19 @@ def test_stop_file_prunes_a_trial_and_the_batch_goes_on(tmp_path):
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("mode", ["processes", "steps"])
+@pytest.mark.parametrize("mode, seqs", [pytest.param("processes", (256, 512, 1024), id="processes"),
+                                         pytest.param("steps", (256, 512), id="steps")])
 def test_killed_orchestrator_mid_batch_resumes_without_losing_or_rerunning(
-        slurm_cluster, tmp_path, mode):
-    """Both batch modes (one set of processes; srun job steps in one allocation)."""
+        slurm_cluster, tmp_path, mode, seqs):
+    """Both batch modes (one set of processes; srun job steps in one allocation). Steps
+    start fresh processes per trial, so two sequence lengths leave plenty to resume."""
     res = tmp_path / "results"
-    args = ["sweep", "cp=2", "seq=[256,512,1024]", *BATCH, f"executor.batch={mode}",
-            "executor=slurm", f"results_dir={res}"]
+    args = ["sweep", "cp=2", f"seq=[{','.join(map(str, seqs))}]", *BATCH,
+            f"executor.batch={mode}", "executor=slurm", f"results_dir={res}"]
     first, after, out = kill_after_first_row_and_resume(res, args)
-    assert len(first) < 6, "the batch ended before the kill: nothing to resume"
+    assert len(first) < 2 * len(seqs), "the batch ended before the kill: nothing to resume"
     assert "re-attached by job id" in out
-    assert per_layout(after.values()) == {(s, a): 1 for s in (256, 512, 1024) for a in (1, 2)}
+    assert per_layout(after.values()) == {(s, a): 1 for s in seqs for a in (1, 2)}
     assert {x["status"] for x in after.values()} == {"ok"}
     if mode == "steps":
         assert len({x["job_id"] for x in after.values()}) == 1  # the resumed run re-attached it
