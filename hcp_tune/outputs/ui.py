@@ -275,6 +275,26 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f}"
 
 
+def close_group_lines(pred: dict[str, Any]) -> list[str]:
+    """Per key: the too-close-to-call group (or the confident pick) in one line, and for a
+    group the ``sweep`` that measures only it (``predict.close_groups``)."""
+    b, lines = pred.get("band"), []
+    for g in pred.get("close_groups", []):
+        lays = ", ".join(f"[{a},{p}]" for a, p in zip(g["a2a_sizes"], g["p2p_sizes"]))
+        head = f"tp={g['tp']} seq={g['seq']}: "
+        within = f"within the model's error band ({g['band_factor']:.3f}x, q={b['q']:g})"
+        if g["confident"]:
+            lines.append(head + f"confident pick {lays}: no other layout predicted {within} "
+                         "of it")
+        else:
+            lines.append(head + f"too close to call: {lays} are predicted {within} of the "
+                         "best; measure only them with:")
+            lines.append("  " + g["settle_command"])
+    if lines:
+        lines.append(f"error band: {b['source']} (docs/predicted-band.md)")
+    return lines
+
+
 def print_predict(pred: dict[str, Any]) -> None:
     """The cost model's table: every number PREDICTED, with the parameters' source."""
     rows = pred["candidates"]
@@ -315,5 +335,7 @@ def print_predict(pred: dict[str, Any]) -> None:
     for r in pred["rejected"]:
         out.print(escape(f"rejected tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: "
                          + "; ".join(r["reasons"])))
+    for line in close_group_lines(pred):  # one line each: a command must copy whole
+        out.print(escape(line), soft_wrap=True)
     out.print(escape(f"every number above is {pred['label']}; measure with "
                      "`python -m hcp_tune sweep ...` on the cluster"))
