@@ -32,7 +32,7 @@ from hcp_tune.costmodel.formulas import CostParams, Prediction, label_for, predi
 from hcp_tune.errors import ConfigError
 from hcp_tune.space.layout import Candidate
 from hcp_tune.space.plan import candidates as plan_candidates
-from hcp_tune.space.plan import notes
+from hcp_tune.space.plan import crossing, notes
 
 
 def params_for(cfg: SweepConfig) -> CostParams:
@@ -164,6 +164,7 @@ def _row(c: Candidate, p: Prediction, rank: int, best: float, gpu_mem: float) ->
         "predicted_memory_gib": p.memory_gib,
         "memory_gib": {k: v for k, v in p.as_dict()["memory"].items()},
         "fits_memory": p.memory_gib <= gpu_mem, "flags": list(c.flags),
+        "crosses_nodes": crossing(c),  # which level leaves a node, as plan says: a2a, p2p, -
         "bridge_overrides": c.layout.bridge_overrides(),
     }
 

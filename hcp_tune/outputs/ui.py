@@ -275,6 +275,11 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f}"
 
 
+def _crossing(r: dict[str, Any]) -> list[str]:
+    """``crosses nodes: a2a`` (or p2p, a2a+p2p) for a layout with a level that leaves a node."""
+    return [f"crosses nodes: {r['crosses_nodes']}"] if r.get("crosses_nodes", "-") != "-" else []
+
+
 def close_group_lines(pred: dict[str, Any]) -> list[str]:
     """Per key: the too-close-to-call group (or the confident pick) in one line, and for a
     group the ``sweep`` that measures only it (``predict.close_groups``)."""
@@ -323,7 +328,7 @@ def print_predict(pred: dict[str, Any]) -> None:
             f"{_ms(t['a2a_messages_s'])} / {_ms(t['a2a_shared_link_s'])}",
             _ms(b["exposed_p2p_s"]), _ms(t["ring_step_overhead_s"]),
             _ms(b["other_s"]), f"{r['predicted_memory_gib']:.1f}", fits,
-            escape("; ".join(r["flags"])) or "-",
+            escape("; ".join(r["flags"] + _crossing(r))) or "-",
         )
     out = console()
     _notes(pred)

@@ -165,3 +165,43 @@ def test_search_a2a_sizes_refuses_what_is_not_a_divisor_of_cp(value, message):
     with pytest.raises(config.ConfigError) as e:
         config.load(["cp=8", f"search.a2a_sizes={value}"])
     assert str(e.value) == message
+
+
+def _calibration(tmp_path, n_keys: int):
+    from hcp_tune.costmodel.calibrate import FitReport, save_params
+    from hcp_tune.costmodel.formulas import CostParams
+
+    per_row = [{"tp": 1, "cp": 8, "seq": 1024 * (s + 1), "measured_s": m, "predicted_s": p}
+               for s in range(n_keys) for m, p in ((1.0, 1.0), (1.1, 1.2))]
+    rep = FitReport(n=len(per_row), rms_rel_error=0.1, max_rel_error=0.1, per_row=per_row)
+    save_params(tmp_path, "dgx-h200", "mine", CostParams(source="calibrated test"), rep)
+    return config.load(CFG + [f"results_dir={tmp_path}", "env_tag=mine"])
+
+
+def test_a_calibration_with_enough_keys_brings_its_own_band(tmp_path):
+    cfg = _calibration(tmp_path, band.MIN_KEYS)
+    out = predict.predict_rows(cfg)
+    assert out["params_source"] == "calibrated test"
+    assert out["band"]["width_log"] == pytest.approx(math.log(1.2 / 1.1))
+    assert out["band"]["source"].startswith("this calibration's band on 10 measured keys")
+
+
+def test_a_calibration_with_few_keys_uses_the_shipped_band_and_says_so(tmp_path):
+    cfg = _calibration(tmp_path, 3)
+    out = predict.predict_rows(cfg)
+    assert out["band"]["width_log"] == band.shipped(cfg.cluster).width
+    assert out["band"]["source"].endswith(
+        f"the calibration has fewer than {band.MIN_KEYS} keys for a band of its own")
+
+
+def test_predict_rows_say_which_level_crosses_nodes():
+    out = predict.predict_rows(config.load(
+        ["cluster=dgx-h200", "model=llama3-8b", "cp=16", "seq=131072", "tp=1", "pp=1"]))
+    assert {(r["a2a"], r["crosses_nodes"]) for r in out["candidates"]} == {
+        (1, "p2p"), (2, "p2p"), (4, "p2p"), (8, "p2p")}  # 8 GPUs a node: the ring leaves it
+    cfg = config.load(["cluster=dgx-h200", "model=llama2-7b", "cp=8", "seq=131072", "tp=2",
+                       "pp=1"])  # 32 KV heads: a2a=8 is kept, and tp*a2a = 16 > 8 GPUs a node
+    got = {r["a2a"]: r["crosses_nodes"] for r in predict.predict_rows(cfg)["candidates"]}
+    assert "a2a" in got[8].split("+")
+    assert got == {c.layout.a2a: plan.row(c)["crosses_nodes"]  # as plan says
+                   for c in plan.candidates(cfg) if c.kept}
