@@ -312,6 +312,31 @@ def load_params(results_dir, cluster: str, env_tag: str) -> CostParams | None:
     return CostParams(**doc["params"])
 
 
+SHIPPED_DIR = ("data", "calibrations")  # in hcp_tune/costmodel/: package data in the wheel
+
+
+def shipped_names() -> list[str]:
+    """The calibrations shipped with hcp-tune (what a profile's ``calibration:`` may name)."""
+    from importlib import resources
+
+    folder = resources.files("hcp_tune.costmodel").joinpath(*SHIPPED_DIR)
+    return sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".json"))
+
+
+def load_shipped(name: str) -> dict[str, Any]:
+    """A shipped calibration's document (params, fit, band); ``ConfigError`` naming the
+    valid names when there is none called ``name``."""
+    from importlib import resources
+
+    from hcp_tune.errors import ConfigError
+
+    if name not in shipped_names():
+        raise ConfigError(f"cluster.calibration={name!r}: no calibration of that name ships "
+                          f"with hcp-tune; expected null or one of: {', '.join(shipped_names())}")
+    path = resources.files("hcp_tune.costmodel").joinpath(*SHIPPED_DIR, f"{name}.json")
+    return json.loads(path.read_text())
+
+
 def read_rows(path: str) -> list[dict]:
     text = Path(path).read_text()
     if text.lstrip().startswith("["):

@@ -15,7 +15,8 @@
   attention for ``sweep``; always attention for ``trial``, which measures.
 
 Calibrated parameters for ``cfg.cluster``/``cfg.env_tag`` are used when stored; otherwise
-the defaults, and the label says which. No torch.
+the shipped calibration the cluster profile names (``calibration:``), otherwise the
+defaults, and the label says which. No torch.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from hcp_tune.config import SweepConfig
 from hcp_tune.costmodel import band, memory
-from hcp_tune.costmodel.calibrate import load_params, params_path
+from hcp_tune.costmodel.calibrate import load_params, load_shipped, params_path
 from hcp_tune.costmodel.formulas import CostParams, Prediction, label_for, predict
 from hcp_tune.errors import ConfigError
 from hcp_tune.space.layout import Candidate
@@ -36,8 +37,12 @@ from hcp_tune.space.plan import crossing, notes
 
 
 def params_for(cfg: SweepConfig) -> CostParams:
-    """Calibrated parameters for this cluster and env tag, or the defaults."""
-    return load_params(cfg.results_dir, cfg.cluster.name, cfg.env_tag) or CostParams()
+    """Your calibration for this cluster and env tag; else the shipped calibration the
+    cluster profile names (``calibration:``); else the defaults."""
+    own = load_params(cfg.results_dir, cfg.cluster.name, cfg.env_tag)
+    if own or not cfg.cluster.calibration:
+        return own or CostParams()
+    return CostParams(**load_shipped(cfg.cluster.calibration)["params"])
 
 
 def band_for(cfg: SweepConfig, params: CostParams) -> band.Band:
@@ -47,6 +52,11 @@ def band_for(cfg: SweepConfig, params: CostParams) -> band.Band:
     if not params.calibrated:
         return shipped
     path = params_path(cfg.results_dir, cfg.cluster.name, cfg.env_tag)
+    if not path.is_file() and cfg.cluster.calibration:  # the shipped one: its held-out band
+        b = load_shipped(cfg.cluster.calibration)["band"]
+        return band.Band(width=b["width_log"], q=b["q"], keys=b["keys"], pairs=b["pairs"],
+                         source=f"held-out band of the shipped calibration "
+                                f"{cfg.cluster.calibration} on {b['keys']} published keys")
     own = band.of_calibration(json.loads(path.read_text())) if path.is_file() else None
     return own or dataclasses.replace(
         shipped, source=f"{shipped.source}; the calibration has fewer than {band.MIN_KEYS} "
