@@ -205,3 +205,54 @@ def test_predict_rows_say_which_level_crosses_nodes():
     assert "a2a" in got[8].split("+")
     assert got == {c.layout.a2a: plan.row(c)["crosses_nodes"]  # as plan says
                    for c in plan.candidates(cfg) if c.kept}
+
+
+def test_a_profile_may_name_a_shipped_calibration_and_your_own_wins(tmp_path):
+    import dataclasses
+
+    from hcp_tune.costmodel import calibrate
+
+    names = calibrate.shipped_names()
+    assert "a100-nvlink-published" in names
+    cfg = config.load(CFG + [f"results_dir={tmp_path}", "env_tag=mine"])
+    named = dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, calibration="a100-nvlink-published"))
+    params = predict.params_for(named)
+    assert params.calibrated and "shipped as a100-nvlink-published" in params.source
+    b = predict.band_for(named, params)
+    assert b.source.startswith("held-out band of the shipped calibration a100-nvlink-published")
+    assert predict.params_for(cfg).source == "uncalibrated defaults"  # no profile names one
+    own = _calibration(tmp_path, 3)  # a calibration of your own, stored: it wins
+    mine = dataclasses.replace(own, cluster=dataclasses.replace(
+        own.cluster, calibration="a100-nvlink-published"))
+    assert predict.params_for(mine).source == "calibrated test"
+
+
+def test_an_unknown_shipped_calibration_is_one_line_naming_the_choices():
+    import dataclasses
+
+    from hcp_tune.costmodel import calibrate
+
+    cfg = config.load(CFG)
+    bad = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, calibration="nope"))
+    with pytest.raises(config.ConfigError) as e:
+        predict.params_for(bad)
+    assert str(e.value) == ("cluster.calibration='nope': no calibration of that name ships with "
+                            "hcp-tune; expected null or one of: "
+                            + ", ".join(calibrate.shipped_names()))
+
+
+def test_cli_refuses_an_unknown_shipped_calibration_in_one_line_exit_2():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "hcp_tune", "predict", *CFG,
+                        "cluster.calibration=nope"], capture_output=True, text=True, cwd=repo,
+                       timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "hcp-tune: error: cluster.calibration='nope': no calibration of that name ships with "
+        "hcp-tune; expected null or one of: " + ", ".join(
+            __import__("hcp_tune.costmodel.calibrate", fromlist=["x"]).shipped_names())]
