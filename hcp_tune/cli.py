@@ -244,6 +244,8 @@ def cmd_recommend(args: list[str]) -> int:
             "python": recommend.python_form(rec) if rec else None,
             "nearest_measured": near,
             "prediction": predicted,
+            "band": pred["band"] if predicted else None,
+            "close_group": next((g for g in pred["close_groups"]), None) if predicted else None,
             "fit_advice": advice,
         }, indent=2, default=str))
     elif rec:
@@ -264,6 +266,10 @@ def cmd_recommend(args: list[str]) -> int:
                   f"[{predicted['a2a']},{predicted['p2p']}] {predicted['comm_type']}, "
                   f"{predicted['predicted_step_time_s']:.4g} s per step")
             print("  " + " ".join(predicted["bridge_overrides"]))
+            from hcp_tune.outputs.ui import close_group_lines
+
+            for line in close_group_lines(pred):
+                print(line)
         from hcp_tune.costmodel.memory import advice_line
 
         for a in advice:

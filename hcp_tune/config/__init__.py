@@ -152,6 +152,13 @@ class SweepConfig:
             facts = Facts(tp=tp, heads=self.model.heads, kv_heads=self.model.kv_heads)
             problems += [f"tp={tp}: {f.text} (model={self.model.name})"
                          for f in evaluate(facts, (BY_ID["heads-tp"],))]
+        bad = [a for a in self.search.a2a_sizes or () if self.cp % a]
+        if bad:
+            divisors = [d for d in range(1, self.cp + 1) if self.cp % d == 0]
+            problems.append(
+                f"search.a2a_sizes={list(self.search.a2a_sizes)}: {', '.join(map(str, bad))} "
+                f"does not divide cp={self.cp}; expected a list of divisors of cp: "
+                f"{', '.join(map(str, divisors))}")
         if problems:
             raise ConfigError("\n".join(problems))
 

@@ -40,6 +40,11 @@ class ClusterProfile:
                "needs it, null leaves that term out",
         "expect": "a number of GB/s > 0"})
 
+    calibration: Optional[str] = field(default=None, metadata={
+        "doc": "a calibration shipped with hcp-tune (hcp_tune/costmodel/data/calibrations/"
+               "NAME.json) the cost model uses on this cluster; your own calibration "
+               "(<results_dir>/calibration/) wins; null: the uncalibrated defaults"})
+
     def __post_init__(self) -> None:
         if self.device == "cuda" and self.peak_bf16_tflops is None:
             raise ConfigError(

@@ -126,6 +126,9 @@ class SearchConfig:
     budget_gpu_hours: Optional[float] = _f(
         "stop submitting once the estimate of what was submitted would pass this many "
         "GPU-hours (rank-hours on a CPU profile)", expect="a number of GPU-hours > 0")
+    a2a_sizes: Optional[tuple[int, ...]] = _f(
+        "measure only the layouts with these a2a sizes (p2p = cp/a2a); null: every kept layout",
+        max=CP_MAX)
     retry: Union[str, list[str]] = field(default="none", metadata={
         "doc": "stored failures to measure again", "choices": RETRY_CHOICES})
 

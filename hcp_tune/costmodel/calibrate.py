@@ -12,7 +12,8 @@ forward only when it says ``"passes": "fwd"``; a ``runner=bridge`` row with ``pr
 Rows with ``"compare": "within_key"`` (a published table whose rows are not comparable with
 each other) count only through the ratios of one key's splits.
 
-Stored as ``<results_dir>/calibration/<cluster>__<env_tag>.json``.
+Stored as ``<results_dir>/calibration/<cluster>__<env_tag>.json``, with the band of the
+fit's residuals (``costmodel.band``; in-sample, keys by tp, cp and seq).
     python -m hcp_tune.calibrate ROWS.json [results_dir=results]   (a JSON list or JSONL)
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hcp_tune.config.cluster import ClusterProfile
+from hcp_tune.costmodel import band
 from hcp_tune.config.model import ModelSpec
 from hcp_tune.costmodel.formulas import (
     FIT_FIELDS,
@@ -292,8 +294,11 @@ def save_params(results_dir, cluster: str, env_tag: str, params: CostParams,
                 fit_report: FitReport) -> Path:
     """Write the fitted parameters and the fit's error atomically; returns the path."""
     path = params_path(results_dir, cluster, env_tag)
-    doc = {"cluster": cluster, "env_tag": env_tag, "params": params.as_dict(),
-           "fit": {k: v for k, v in fit_report.as_dict().items() if k != "per_row"}}
+    fit = {k: v for k, v in fit_report.as_dict().items() if k != "per_row"}
+    own = band.of_rows(fit_report.per_row, source="in-sample residuals of this calibration")
+    if own is not None:  # predict uses it once it spans band.MIN_KEYS keys (costmodel.band)
+        fit["band"] = own.as_dict()
+    doc = {"cluster": cluster, "env_tag": env_tag, "params": params.as_dict(), "fit": fit}
     atomic_write_text(str(path), json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -305,6 +310,31 @@ def load_params(results_dir, cluster: str, env_tag: str) -> CostParams | None:
         return None
     doc = json.loads(path.read_text())
     return CostParams(**doc["params"])
+
+
+SHIPPED_DIR = ("data", "calibrations")  # in hcp_tune/costmodel/: package data in the wheel
+
+
+def shipped_names() -> list[str]:
+    """The calibrations shipped with hcp-tune (what a profile's ``calibration:`` may name)."""
+    from importlib import resources
+
+    folder = resources.files("hcp_tune.costmodel").joinpath(*SHIPPED_DIR)
+    return sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".json"))
+
+
+def load_shipped(name: str) -> dict[str, Any]:
+    """A shipped calibration's document (params, fit, band); ``ConfigError`` naming the
+    valid names when there is none called ``name``."""
+    from importlib import resources
+
+    from hcp_tune.errors import ConfigError
+
+    if name not in shipped_names():
+        raise ConfigError(f"cluster.calibration={name!r}: no calibration of that name ships "
+                          f"with hcp-tune; expected null or one of: {', '.join(shipped_names())}")
+    path = resources.files("hcp_tune.costmodel").joinpath(*SHIPPED_DIR, f"{name}.json")
+    return json.loads(path.read_text())
 
 
 def read_rows(path: str) -> list[dict]:

@@ -8,31 +8,99 @@
   than the best of their key by more than ``factor`` (``search.skip_predicted_slower_than``).
 - ``fit_advice(cfg, ordered, params)``: per key where no layout is predicted to fit, the
   smallest change that would (``memory.advice``).
+- ``close_groups(cfg, rows, band)``: per (seq, tp) key, the layouts predicted to fit whose
+  predicted time is within the model's band of the best (``costmodel.band``): too close to
+  call, with the ``sweep`` command that measures exactly them (``settle_command``).
 - ``resolve_runner(name, command=)``: ``runner=auto`` -> model (no GPU, no SLURM) or
   attention for ``sweep``; always attention for ``trial``, which measures.
 
 Calibrated parameters for ``cfg.cluster``/``cfg.env_tag`` are used when stored; otherwise
-the defaults, and the label says which. No torch.
+the shipped calibration the cluster profile names (``calibration:``), otherwise the
+defaults, and the label says which. No torch.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import shlex
 import shutil
 from typing import Any
 
 from hcp_tune.config import SweepConfig
-from hcp_tune.costmodel import memory
-from hcp_tune.costmodel.calibrate import load_params
+from hcp_tune.costmodel import band, memory
+from hcp_tune.costmodel.calibrate import load_params, load_shipped, params_path
 from hcp_tune.costmodel.formulas import CostParams, Prediction, label_for, predict
 from hcp_tune.errors import ConfigError
 from hcp_tune.space.layout import Candidate
 from hcp_tune.space.plan import candidates as plan_candidates
-from hcp_tune.space.plan import notes
+from hcp_tune.space.plan import crossing, notes
 
 
 def params_for(cfg: SweepConfig) -> CostParams:
-    """Calibrated parameters for this cluster and env tag, or the defaults."""
-    return load_params(cfg.results_dir, cfg.cluster.name, cfg.env_tag) or CostParams()
+    """Your calibration for this cluster and env tag; else the shipped calibration the
+    cluster profile names (``calibration:``); else the defaults."""
+    own = load_params(cfg.results_dir, cfg.cluster.name, cfg.env_tag)
+    if own or not cfg.cluster.calibration:
+        return own or CostParams()
+    return CostParams(**load_shipped(cfg.cluster.calibration)["params"])
+
+
+def band_for(cfg: SweepConfig, params: CostParams) -> band.Band:
+    """The band of the parameters in use: a calibration's own when it has enough keys, else
+    the shipped band of the defaults for the cluster's hardware class (or pooled)."""
+    shipped = band.shipped(cfg.cluster)
+    if not params.calibrated:
+        return shipped
+    path = params_path(cfg.results_dir, cfg.cluster.name, cfg.env_tag)
+    if not path.is_file() and cfg.cluster.calibration:  # the shipped one: its held-out band
+        b = load_shipped(cfg.cluster.calibration)["band"]
+        return band.Band(width=b["width_log"], q=b["q"], keys=b["keys"], pairs=b["pairs"],
+                         source=f"held-out band of the shipped calibration "
+                                f"{cfg.cluster.calibration} on {b['keys']} published keys")
+    own = band.of_calibration(json.loads(path.read_text())) if path.is_file() else None
+    return own or dataclasses.replace(
+        shipped, source=f"{shipped.source}; the calibration has fewer than {band.MIN_KEYS} "
+                        "keys for a band of its own")
+
+
+def settle_command(cfg: SweepConfig, seq: int, tp: int, a2a_sizes: list[int]) -> str:
+    """The ``sweep`` that measures exactly ``a2a_sizes`` for one (seq, tp) key of ``cfg``,
+    with a measuring runner (runner=attention unless the config names one that measures)."""
+    from hcp_tune.config import absolute_path
+
+    runner = cfg.runner.name if cfg.runner.name not in ("auto", "model") else "attention"
+    args = [f"cluster={cfg.cluster.name}", f"model={cfg.model.name}", f"cp={cfg.cp}",
+            f"seq={seq}", f"tp={tp}", f"pp={cfg.pp}", f"dp={cfg.dp}", f"mbs={cfg.mbs}",
+            f"gbs={cfg.gbs}", f"dtype={cfg.dtype}", f"recompute={cfg.recompute.granularity}"]
+    if cfg.recompute.granularity == "full":
+        args.append(f"recompute_method={cfg.recompute.method}")
+        if cfg.recompute.num_layers is not None:
+            args.append(f"recompute_num_layers={cfg.recompute.num_layers}")
+    if cfg.env_tag != "default":
+        args.append(f"env_tag={cfg.env_tag}")
+    if cfg.results_dir != absolute_path("results"):
+        args.append(f"results_dir={cfg.results_dir}")
+    args += [f"runner={runner}", f"search.a2a_sizes=[{','.join(map(str, a2a_sizes))}]"]
+    return "python -m hcp_tune sweep " + " ".join(shlex.quote(a) for a in args)
+
+
+def close_groups(cfg: SweepConfig, rows: list[dict[str, Any]], b: band.Band) -> list[dict]:
+    """Per (seq, tp) key of ``predict_rows``' candidates with a layout predicted to fit: the
+    too-close-to-call group (a2a sizes, predicted best first), whether it is a confident
+    pick (a group of one) and, for a larger group, the command that measures only it."""
+    keys: dict[tuple[int, int], dict[int, float]] = {}
+    for r in rows:
+        if r["fits_memory"]:
+            keys.setdefault((r["seq"], r["tp"]), {})[r["a2a"]] = r["predicted_step_time_s"]
+    out = []
+    for (seq, tp), times in keys.items():
+        group = band.close_group(times, b)
+        out.append({"seq": seq, "tp": tp, "a2a_sizes": group,
+                    "p2p_sizes": [cfg.cp // a for a in group], "confident": len(group) == 1,
+                    "band_factor": b.factor,
+                    "settle_command": settle_command(cfg, seq, tp, group) if len(group) > 1
+                    else None})
+    return out
 
 
 def _key(c: Candidate) -> tuple[int, int]:
@@ -106,6 +174,7 @@ def _row(c: Candidate, p: Prediction, rank: int, best: float, gpu_mem: float) ->
         "predicted_memory_gib": p.memory_gib,
         "memory_gib": {k: v for k, v in p.as_dict()["memory"].items()},
         "fits_memory": p.memory_gib <= gpu_mem, "flags": list(c.flags),
+        "crosses_nodes": crossing(c),  # which level leaves a node, as plan says: a2a, p2p, -
         "bridge_overrides": c.layout.bridge_overrides(),
     }
 
@@ -129,6 +198,11 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
         if not rows[-1]["fits_memory"]:
             rows[-1]["rank"] = None
     advice = fit_advice(cfg, ordered, params)
+    b = band_for(cfg, params)
+    groups = close_groups(cfg, rows, b)
+    for r in rows:
+        g = next((g for g in groups if (g["seq"], g["tp"]) == (r["seq"], r["tp"])), None)
+        r["too_close_to_call"] = bool(g) and r["a2a"] in g["a2a_sizes"] and not g["confident"]
     return {
         "label": label_for(cfg.cluster, params),
         "params_source": params.source,
@@ -140,6 +214,8 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
         "gpu_memory_gib": cfg.cluster.gpu_memory_gib,
         "candidates": rows,
         "fit_advice": advice,  # per (seq, tp) key where nothing fits: the smallest change
+        "band": b.as_dict(),  # the model's error on predicted ratios (costmodel.band)
+        "close_groups": groups,  # per (seq, tp) key: the layouts the band cannot order
         "rejected": [{"tp": c.tp, "cp": c.cp, "seq": c.seq, "a2a": c.layout.a2a,
                       "p2p": c.layout.p2p, "sizes": c.layout.sizes, "reasons": list(c.reasons)}
                      for c in cands if not c.kept],

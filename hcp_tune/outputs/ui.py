@@ -275,6 +275,31 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f}"
 
 
+def _crossing(r: dict[str, Any]) -> list[str]:
+    """``crosses nodes: a2a`` (or p2p, a2a+p2p) for a layout with a level that leaves a node."""
+    return [f"crosses nodes: {r['crosses_nodes']}"] if r.get("crosses_nodes", "-") != "-" else []
+
+
+def close_group_lines(pred: dict[str, Any]) -> list[str]:
+    """Per key: the too-close-to-call group (or the confident pick) in one line, and for a
+    group the ``sweep`` that measures only it (``predict.close_groups``)."""
+    b, lines = pred.get("band"), []
+    for g in pred.get("close_groups", []):
+        lays = ", ".join(f"[{a},{p}]" for a, p in zip(g["a2a_sizes"], g["p2p_sizes"]))
+        head = f"tp={g['tp']} seq={g['seq']}: "
+        within = f"within the model's error band ({g['band_factor']:.3f}x, q={b['q']:g})"
+        if g["confident"]:
+            lines.append(head + f"confident pick {lays}: no other layout predicted {within} "
+                         "of it")
+        else:
+            lines.append(head + f"too close to call: {lays} are predicted {within} of the "
+                         "best; measure only them with:")
+            lines.append("  " + g["settle_command"])
+    if lines:
+        lines.append(f"error band: {b['source']} (docs/predicted-band.md)")
+    return lines
+
+
 def print_predict(pred: dict[str, Any]) -> None:
     """The cost model's table: every number PREDICTED, with the parameters' source."""
     rows = pred["candidates"]
@@ -303,7 +328,7 @@ def print_predict(pred: dict[str, Any]) -> None:
             f"{_ms(t['a2a_messages_s'])} / {_ms(t['a2a_shared_link_s'])}",
             _ms(b["exposed_p2p_s"]), _ms(t["ring_step_overhead_s"]),
             _ms(b["other_s"]), f"{r['predicted_memory_gib']:.1f}", fits,
-            escape("; ".join(r["flags"])) or "-",
+            escape("; ".join(r["flags"] + _crossing(r))) or "-",
         )
     out = console()
     _notes(pred)
@@ -315,5 +340,7 @@ def print_predict(pred: dict[str, Any]) -> None:
     for r in pred["rejected"]:
         out.print(escape(f"rejected tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: "
                          + "; ".join(r["reasons"])))
+    for line in close_group_lines(pred):  # one line each: a command must copy whole
+        out.print(escape(line), soft_wrap=True)
     out.print(escape(f"every number above is {pred['label']}; measure with "
                      "`python -m hcp_tune sweep ...` on the cluster"))

@@ -5,6 +5,7 @@ estimate and is the JSON-able form that both the table and ``format=json`` print
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from hcp_tune.config import SweepConfig
@@ -12,8 +13,11 @@ from hcp_tune.space.layout import Candidate, enumerate_layouts
 
 
 def candidates(cfg: SweepConfig) -> list[Candidate]:
-    """All candidates of the sweep, ordered by tp, seq, then a2a size."""
-    return [
+    """All candidates of the sweep, ordered by tp, seq, then a2a size.
+
+    With ``search.a2a_sizes`` set, a layout whose a2a size is not listed is not kept, and
+    says so (the too-close-to-call group's settling sweep measures only those listed)."""
+    cands = [
         c
         for tp in cfg.tps
         for seq in cfg.seqs
@@ -28,6 +32,13 @@ def candidates(cfg: SweepConfig) -> list[Candidate]:
             drop_cross_node_a2a=cfg.drop_cross_node_a2a,
         )
     ]
+    only = cfg.search.a2a_sizes
+    if only is None:
+        return cands
+    listed = f"search.a2a_sizes=[{','.join(map(str, only))}]"
+    return [c if c.layout.a2a in only or not c.kept else
+            dataclasses.replace(c, kept=False, reasons=(f"a2a={c.layout.a2a} is not in {listed}",))
+            for c in cands]
 
 
 def crossing(c: Candidate) -> str:

@@ -171,3 +171,40 @@ def test_the_readme_main_command_follows_the_bridge_recipe_and_fits():
     assert out["pp"] == 2 and {c["tp"] for c in out["candidates"]} == {4}
     assert out["candidates"] and all(c["fits_memory"] for c in out["candidates"])
     assert out["fit_advice"] == []
+
+
+H200 = ["cp=8", "seq=131072", "tp=1", "pp=1", "model=llama3-8b", "cluster=dgx-h200"]
+
+
+@pytest.mark.parametrize("command", [["predict"], ["sweep", "runner=model"]])
+def test_predicted_tables_print_the_group_and_a_command_that_plans_exactly_it(command):
+    import shlex
+
+    from hcp_tune.space import plan
+
+    group = json.loads(run(*command, *H200, "format=json").stdout)["close_groups"][0]
+    r = run(*command, *H200, env={"COLUMNS": "100"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    if group["confident"]:
+        assert any(x.startswith("tp=1 seq=131072: confident pick") for x in lines)
+        return
+    head = next(i for i, x in enumerate(lines) if x.startswith("tp=1 seq=131072: too close"))
+    assert "within the model's error band" in lines[head]
+    printed = lines[head + 1].strip()  # the command on one line, however narrow the terminal
+    assert printed == group["settle_command"]
+    cfg = config.load(shlex.split(printed)[4:])
+    assert sorted(c.layout.a2a for c in plan.candidates(cfg) if c.kept) == \
+        sorted(group["a2a_sizes"])
+    assert any(x.startswith("error band: pooled band of the defaults") for x in lines)
+
+
+def test_recommend_prediction_carries_the_group_and_the_band(tmp_path):
+    r = run("recommend", *H200, f"results_dir={tmp_path}", "format=json")
+    assert r.returncode == 3
+    ans = json.loads(r.stdout)
+    assert ans["close_group"]["a2a_sizes"][0] == ans["prediction"]["a2a"]
+    assert ans["band"]["q"] == 0.9
+    r = run("recommend", *H200, f"results_dir={tmp_path}")
+    assert "PREDICTED, not measured" in r.stdout
+    assert "tp=1 seq=131072: " in r.stdout and "error band:" in r.stdout
