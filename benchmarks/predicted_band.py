@@ -22,7 +22,7 @@ profile may choose with ``calibration:``.
 
     python benchmarks/predicted_band.py [--starts 3]
 
-A few minutes on 2 loaded cores (one Nelder-Mead calibration per key).
+A few minutes on 2 loaded cores (one least-squares calibration per key).
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _stamp(cmd: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--starts", type=int, default=3, help="Nelder-Mead starts per fit")
+    ap.add_argument("--starts", type=int, default=3, help="least-squares starts per fit")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS-band.md"))
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))

@@ -10,7 +10,7 @@ the whole-table calibration beside the table (``benchmarks/published/calibration
 
     python benchmarks/published_check.py [--out benchmarks/RESULTS-published.md]
 
-About a minute on 2 cores (pure-Python Nelder-Mead, 6 fits per table).
+About a minute on 2 cores (scipy least squares, 6 fits per table).
 """
 from __future__ import annotations
 

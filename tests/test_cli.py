@@ -206,7 +206,8 @@ def test_orchestrator_commands_do_not_import_torch(command):
     code = (
         "import sys; from hcp_tune.cli import main; rc = main(%r); "
         "assert 'torch' not in sys.modules, 'torch imported'; "
-        "assert 'megatron' not in sys.modules; sys.exit(rc)" % (command,)
+        "assert 'megatron' not in sys.modules; "
+        "assert 'scipy' not in sys.modules, 'scipy imported'; sys.exit(rc)" % (command,)
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr

@@ -3,10 +3,10 @@ environment tag, store them beside the results, and read them back for later pre
 
 The fit is bounded robust least squares on log step time (soft-L1 of ``log predicted -
 log measured``; ``robust_scale=None`` for plain squares) over the parameters in
-``costmodel.FIT_FIELDS`` that the rows can inform, by Nelder-Mead on the logs of the
-parameters (pure Python: no scipy, no numpy), each within 1e4x of its start and below
-``FIT_MAX`` (and ``FIT_MAX_GPU`` on GPUs), with a weak pull towards the defaults so a
-parameter the rows cannot see stays where it was. A row measured by ``runner=attention``
+``costmodel.FIT_FIELDS`` that the rows can inform: ``scipy.optimize.least_squares`` (trust
+region reflective, imported only here, when a fit runs) on the logs of the parameters, each
+within 1e4x of its start and below ``FIT_MAX`` (and ``FIT_MAX_GPU`` on GPUs), with a weak
+pull towards the defaults so a parameter the rows cannot see stays where it was. A row measured by ``runner=attention``
 (one attention layer, no GEMMs or optimizer) is compared with ``predict_attention_layer``,
 forward only when it says ``"passes": "fwd"``; a ``runner=bridge`` row with ``predict``.
 Rows with ``"compare": "within_key"`` (a published table whose rows are not comparable with
@@ -25,7 +25,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hcp_tune.config.cluster import ClusterProfile
 from hcp_tune.costmodel import band
@@ -44,8 +44,9 @@ from hcp_tune.space.layout import Candidate, Layout, rank_groups
 from hcp_tune.spec import atomic_write_text
 
 BOUND_LOG = math.log(1e4)  # a fitted parameter stays within 1e4x of where it started
-N_STARTS = 3  # Nelder-Mead runs from the defaults and from seeded perturbations of them
+N_STARTS = 3  # fits from the defaults and from seeded perturbations of them (local minima)
 ROBUST_SCALE = 0.1  # log error (~10%) beyond which a row's pull on the fit grows only linearly
+UNDEFINED_LOG_ERROR = 50.0  # a point where the model has no finite time: as if e^50x off
 PRIOR_WEIGHT = 1e-6  # pull (per squared log-ratio) towards the defaults: keeps unseen params put
 
 
@@ -173,51 +174,6 @@ def _free_fields(resolved) -> tuple[str, ...]:
     return tuple(fields)
 
 
-def _soft_l1(e: float, scale: float | None) -> float:
-    """Robust loss of one log error (scipy's ``soft_l1``): ``e**2`` for errors well under
-    ``scale``, growing only linearly beyond it, so one measurement the model cannot
-    explain (a noisy trial, an implementation quirk) does not pull every parameter.
-    ``scale=None``: plain least squares."""
-    if scale is None:
-        return e * e
-    return 2 * scale**2 * (math.sqrt(1 + (e / scale) ** 2) - 1)
-
-
-def nelder_mead(f: Callable[[list[float]], float], x0: list[float], *, step: float = 0.5,
-                max_iter: int = 3000, tol: float = 1e-10) -> list[float]:
-    """Minimise ``f`` from ``x0`` (standard coefficients 1, 2, 0.5, 0.5)."""
-    n = len(x0)
-    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)]
-                            for i in range(n)]
-    values = [f(x) for x in simplex]
-    for _ in range(max_iter):
-        order = sorted(range(n + 1), key=values.__getitem__)
-        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
-        if values[-1] - values[0] < tol:
-            break
-        centroid = [sum(x[j] for x in simplex[:-1]) / n for j in range(n)]
-        worst = simplex[-1]
-        point = lambda t: [c + t * (w - c) for c, w in zip(centroid, worst)]  # noqa: E731
-        xr = point(-1.0)
-        fr = f(xr)
-        if fr < values[0]:
-            xe = point(-2.0)
-            fe = f(xe)
-            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = xr, fr
-        else:
-            xc = point(0.5)
-            fc = f(xc)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = xc, fc
-            else:
-                best = simplex[0]
-                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, s)] for s in simplex[1:]]
-                values = [values[0]] + [f(s) for s in simplex[1:]]
-    return simplex[min(range(n + 1), key=values.__getitem__)]
-
-
 def fit_report(rows: list[dict], params: CostParams, *, clusters=None, models=None,
            fitted: tuple[str, ...] = ()) -> FitReport:
     """Relative errors of ``params`` on ``rows`` (no fitting)."""
@@ -248,23 +204,32 @@ def fit(rows: list[dict], *, clusters: dict[str, ClusterProfile] | None = None,
     limits = {**FIT_MAX, **(FIT_MAX_GPU if gpu else {})}
     upper = [math.log(limits[n]) if n in limits else math.inf for n in names]
 
-    def params_at(x: list[float]) -> CostParams:
-        return start.replace(**{n: math.exp(min(v, hi)) for n, v, hi in zip(names, x, upper)})
+    def params_at(x) -> CostParams:
+        return start.replace(**{n: math.exp(min(float(v), hi)) for n, v, hi in zip(names, x, upper)})
 
-    def loss(x: list[float]) -> float:
-        errs = _errors(resolved, params_at(x))
-        pull = sum((a - b) ** 2 for a, b in zip(x, x0))
-        out_of_bounds = sum(max(0.0, abs(a - b) - BOUND_LOG) ** 2 for a, b in zip(x, x0))
-        out_of_bounds += sum(max(0.0, a - hi) ** 2 for a, hi in zip(x, upper))
-        return sum(_soft_l1(e, robust_scale) for e in errs) + PRIOR_WEIGHT * pull \
-            + 1e3 * out_of_bounds
+    import numpy as np
+    from scipy.optimize import least_squares
 
+    lo = np.array([v - BOUND_LOG for v in x0])
+    hi = np.array([min(v + BOUND_LOG, u) for v, u in zip(x0, upper)])
+    lo = np.minimum(lo, hi - 1e-9)  # a start already above its cap may only come down
+    prior = math.sqrt(PRIOR_WEIGHT)
+
+    def residuals(x) -> np.ndarray:  # per row log(pred/meas), then the pull to the start
+        try:
+            errs = _errors(resolved, params_at(x))
+        except (ZeroDivisionError, OverflowError, ValueError):  # a rate underflowed to 0 at
+            errs = [UNDEFINED_LOG_ERROR] * len(resolved)        # the edge of the box: far off
+        return np.array(errs + [prior * (a - b) for a, b in zip(x, x0)])
+
+    robust = dict(loss="linear") if robust_scale is None else dict(loss="soft_l1",
+                                                                   f_scale=robust_scale)
     rng = random.Random(0)  # a few seeded starts: the log-time surface has local minima
     starts = [x0] + [[v + rng.gauss(0.0, 1.5) for v in x0] for _ in range(n_starts - 1)]
-    x = min((nelder_mead(loss, s) for s in starts), key=loss)
-    for step in (0.3, 0.1):  # polish: Nelder-Mead can stall on a flat face
-        x_new = nelder_mead(loss, x, step=step)
-        x = x_new if loss(x_new) < loss(x) else x
+    fits = [least_squares(residuals, np.clip(s, lo, hi), bounds=(lo, hi), method="trf",
+                          x_scale="jac", xtol=1e-10, ftol=1e-10, gtol=1e-10, max_nfev=2000,
+                          **robust) for s in starts]
+    x = min(fits, key=lambda f: f.cost).x
     r0 = rows[0]
     when = datetime.date.today().isoformat()
     params = params_at(x).replace(

@@ -6,7 +6,7 @@ import pytest
 from hcp_tune import config
 from hcp_tune.costmodel import calibrate
 from hcp_tune.costmodel import predict as predict_mod
-from hcp_tune.costmodel.calibrate import fit, holdout_error, load_params, nelder_mead, save_params
+from hcp_tune.costmodel.calibrate import fit, holdout_error, load_params, save_params
 from hcp_tune.costmodel.formulas import CostParams, predict_attention_layer
 from hcp_tune.space.layout import Candidate, Layout, rank_groups
 
@@ -32,11 +32,6 @@ def synthetic_rows(seqs=(512, 1024, 2048, 4096), params=TRUE, noise=None):
                              "tp": 1, "cp": cp, "a2a": a, "p2p": cp // a, "seq": seq, "mbs": 1,
                              "dtype": "fp32", "runner": "attention", "median_s": t})
     return rows
-
-
-def test_nelder_mead_finds_a_quadratic_minimum():
-    x = nelder_mead(lambda v: (v[0] - 1) ** 2 + 3 * (v[1] + 2) ** 2, [0.0, 0.0])
-    assert x == pytest.approx([1.0, -2.0], abs=1e-3)
 
 
 def test_fit_reproduces_rows_made_by_known_parameters():
