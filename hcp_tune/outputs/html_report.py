@@ -4,8 +4,9 @@ One file each, inline CSS and inline SVG (``hcp_tune/outputs/svg.py``): no scrip
 image, nothing fetched, so the page opens from disk on a machine without a network.
 Plots per key:
 
-- regress: the candidate/baseline step-time ratio of each layout with its 95% bootstrap
-  interval, the no-change line and the band inside which a change is not flagged; and
+- regress: the candidate/baseline step-time ratio of each layout with its bootstrap
+  interval, the no-change line and the tolerance band (a verdict needs the whole interval
+  on one side of its edges); and
   every per-trial median of each layout under both tags.
 - report: step time against peak memory of each layout with the Pareto front drawn; the
   spread of each layout's measured steps (every step of every ok trial, median ticked);
@@ -18,7 +19,7 @@ from typing import Optional
 
 from hcp_tune.outputs import svg
 from hcp_tune.outputs.regress import METHOD, Comparison
-from hcp_tune.outputs.regress_view import HEADERS, cells, summary_line, winner_lines
+from hcp_tune.outputs.regress_view import HEADERS, cells, next_steps, summary_line, winner_lines
 from hcp_tune.outputs.report import KeySummary
 
 CSS = """
@@ -57,7 +58,7 @@ def _warnings(lines: list[str]) -> list[str]:
 def regress_page(report: Comparison) -> str:
     o = report.options
     body = [f"<p><b>{svg.esc(summary_line(report))}</b></p>"]
-    body += _warnings(winner_lines(report) + report.warnings)
+    body += _warnings(winner_lines(report) + next_steps(report) + report.warnings)
     body.append(_table(HEADERS, [cells(c) for c in report.comparisons],
                        [c.flagged for c in report.comparisons]))
     body.append(f'<p class="note">method: {svg.esc(METHOD)}; bootstrap seed {o.seed}.</p>')
@@ -71,8 +72,8 @@ def regress_page(report: Comparison) -> str:
             continue
         rows = [f"{c.layout} {c.comm_type}" for c in k.layouts]
         ratio = svg.RowsChart(
-            "ratio", rows, f"step time ratio {o.candidate} / {o.baseline} (95% CI; green: "
-            "not flagged)", ["ratio"], vlines=[(1.0, "no change")],
+            "ratio", rows, f"step time ratio {o.candidate} / {o.baseline} ({o.ci * 100:g}% "
+            "interval; green: the tolerance, a verdict needs the whole interval on one side)", ["ratio"], vlines=[(1.0, "no change")],
             bands=[(i, 1 - c.bound, 1 + c.bound) for i, c in enumerate(k.layouts)])
         for i, c in enumerate(k.layouts):
             if c.ratio is not None:

@@ -2,7 +2,8 @@
 
 Both take plain ``key=value`` arguments (not Hydra: they read what sweeps stored and need
 no profile). Neither imports torch or pandas. A bad argument is a ``RegressError`` (exit
-2, one line); ``regress`` exits 1 when anything is flagged, 0 otherwise.
+2, one line); ``regress`` exits 1 when a change is confirmed, 4 when nothing is confirmed
+but a layout is inconclusive, 0 otherwise (``Comparison.exit_code``).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hcp_tune.outputs.regress import RegressError
 from hcp_tune.spec import atomic_write_text
 
 REGRESS_KEYS = ("baseline", "candidate", "results_dir", "cluster", "model", "threshold",
-                "mem_threshold", "seed")
+                "mem_threshold", "seed", "ci", "noise_floor", "max_trials")
 REPORT_KEYS = ("results_dir", "env_tag", "cluster", "model", "out")
 
 
@@ -47,6 +48,14 @@ def _rows(results_dir: Path) -> list[dict]:
     return rows
 
 
+def _flag(args: dict[str, str], key: str, default: bool) -> bool:
+    value = args.get(key, str(default)).lower()
+    if value not in ("true", "false"):
+        raise RegressError(f"{key}={args[key]!r}: expected true or false, e.g. "
+                           f"{key}={str(default).lower()}")
+    return value == "true"
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
@@ -62,7 +71,9 @@ def cmd_regress(args: list[str]) -> int:
     opts = regress.Options(
         baseline=a["baseline"], candidate=a["candidate"], cluster=a.get("cluster"),
         model=a.get("model"), threshold=_number(a, "threshold", 0.05),
-        mem_threshold=_number(a, "mem_threshold", 0.05), seed=_number(a, "seed", 0, int))
+        mem_threshold=_number(a, "mem_threshold", 0.05), seed=_number(a, "seed", 0, int),
+        ci=_number(a, "ci", regress.CI_LEVEL), noise_floor=_flag(a, "noise_floor", True),
+        max_trials=_number(a, "max_trials", regress.MAX_TRIALS, int))
     results_dir = Path(a.get("results_dir", "results")).resolve()
     report = regress.compare(_rows(results_dir), opts)
     stem = results_dir / f"regress-{slug(opts.baseline)}-vs-{slug(opts.candidate)}"

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import FP, rows_for, store  # noqa: E402
+from helpers import CUDA_MEM, FP, rows_for, store  # noqa: E402
 
 from hcp_tune.outputs.regress import (  # noqa: E402
     MIN_TRIALS,
@@ -28,8 +28,8 @@ def only(report):
 def test_no_change_is_ok_and_exit_0():
     rep = compare(rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, [1.005, 0.995, 1.01]), OPTS)
     c = only(rep)
-    assert c.verdict == "ok" and c.mem_verdict == "ok"
-    assert c.ci[0] <= c.ratio <= c.ci[1] and c.ci[0] < 1 < c.ci[1]
+    assert c.verdict == "ok" and c.mem_verdict == "n/a"  # a row without a device reading
+    assert 1 - c.bound <= c.ci[0] <= c.ratio <= c.ci[1] <= 1 + c.bound and c.ci[0] < 1 < c.ci[1]
     assert rep.exit_code == 0 and not rep.warnings
 
 
@@ -42,13 +42,15 @@ def test_real_slowdown_is_a_regression_with_an_interval_above_one():
     assert rep.exit_code == 1
 
 
-def test_change_within_noise_is_not_flagged_though_above_threshold():
+def test_change_within_noise_is_inconclusive_not_flagged_though_above_threshold():
     noisy = [1.0, 1.3, 0.8]  # p10-p90 half-width 20% of the median
     rep = compare(rows_for("old", 2, 2, noisy) + rows_for("new", 2, 2, [1.1, 1.35, 0.9]), OPTS)
     c = only(rep)
     assert c.ratio - 1 > OPTS.threshold
-    assert c.noise_floor == pytest.approx(0.2)
-    assert c.verdict == "ok" and rep.exit_code == 0
+    assert c.noise_floor == pytest.approx(0.2) and c.bound == pytest.approx(0.2)
+    assert c.ci[0] < 1 + c.bound < c.ci[1]  # the interval straddles the tolerance
+    assert c.verdict == "inconclusive" and not c.flagged
+    assert rep.exit_code == 4
 
 
 def test_speedup_beyond_the_bound_is_an_unexpected_improvement():
@@ -58,8 +60,8 @@ def test_speedup_beyond_the_bound_is_an_unexpected_improvement():
 
 
 def test_memory_regression_is_flagged_when_time_is_unchanged():
-    rep = compare(rows_for("old", 2, 2, BASE, mem=1000) + rows_for("new", 2, 2, BASE, mem=1100),
-                  OPTS)
+    rep = compare(rows_for("old", 2, 2, BASE, mem=1000, mem_note=CUDA_MEM)
+                  + rows_for("new", 2, 2, BASE, mem=1100, mem_note=CUDA_MEM), OPTS)
     c = only(rep)
     assert c.verdict == "ok"
     assert c.mem_ratio == pytest.approx(1.1) and c.mem_verdict == "regression"
@@ -67,11 +69,13 @@ def test_memory_regression_is_flagged_when_time_is_unchanged():
 
 
 def test_memory_within_threshold_and_zero_baseline_are_not_flagged():
-    within = compare(rows_for("old", 2, 2, BASE, mem=1000) + rows_for("new", 2, 2, BASE, mem=1040),
-                     OPTS)
+    within = compare(rows_for("old", 2, 2, BASE, mem=1000, mem_note=CUDA_MEM)
+                     + rows_for("new", 2, 2, BASE, mem=1040, mem_note=CUDA_MEM), OPTS)
     assert only(within).mem_verdict == "ok"
-    zero = compare(rows_for("old", 2, 2, BASE, mem=0) + rows_for("new", 2, 2, BASE, mem=4096), OPTS)
+    zero = compare(rows_for("old", 2, 2, BASE, mem=0, mem_note=CUDA_MEM)
+                   + rows_for("new", 2, 2, BASE, mem=4096, mem_note=CUDA_MEM), OPTS)
     assert only(zero).mem_verdict == "n/a" and zero.exit_code == 0
+    assert only(zero).mem_reason == "old: peak memory 0"
 
 
 def test_changed_winner_is_reported_per_key():
