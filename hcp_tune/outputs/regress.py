@@ -53,7 +53,7 @@ from typing import Any, Optional
 from hcp_tune.engine.records import OLDER_ROW_DEFAULTS, key_field
 from hcp_tune.errors import EXIT_FINDINGS, EXIT_INCONCLUSIVE, EXIT_OK, HcpError
 from hcp_tune.noise import noise, percentile
-from hcp_tune.outputs.regress_verdict import (  # noqa: F401  (bootstrap_ratio_ci: its old home)
+from hcp_tune.outputs.regress_verdict import (  # bootstrap_ratio_ci: also its old home
     BOOTSTRAP_N,
     CI_LEVEL,
     bootstrap_ratio_ci,
@@ -200,7 +200,7 @@ def sweep_command(key: tuple, tag: str, repeats: int) -> str:
             f"search.repeats={repeats} search.early_stop=false")
 
 
-def settle_plan(report: "Comparison") -> list[tuple[tuple, str, int]]:
+def settle_plan(report: Comparison) -> list[tuple[tuple, str, int]]:
     """(key, tag, search.repeats) for every key with a layout that can be settled within
     ``max_trials``: the repeats count every stored trial of the layout, so the sweep adds
     ``needed`` usable ones (a trial that fails again is counted, not retried)."""

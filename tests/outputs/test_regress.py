@@ -232,6 +232,10 @@ def test_cli_no_regression_exits_0(results):
      "unknown env tag(s) old, new (with model=llama3-8b)"),
     (["baseline=old", "candidate=old"], "are the same tag"),
     (["baseline=old", "candidate=new", "seed=x"], "seed='x': expected an integer, e.g. seed=0"),
+    (["baseline=old", "candidate=new", "ci=95"], "ci=95.0: expected the interval's coverage"),
+    (["baseline=old", "candidate=new", "noise_floor=maybe"],
+     "noise_floor='maybe': expected true or false, e.g. noise_floor=true"),
+    (["baseline=old", "candidate=new", "max_trials=2"], "max_trials=2: expected an integer >= 3"),
 ])
 def test_cli_bad_input_exits_2_with_one_line_and_nothing_written(results, args, message):
     r = run("regress", *args, f"results_dir={results}")
@@ -239,6 +243,18 @@ def test_cli_bad_input_exits_2_with_one_line_and_nothing_written(results, args, 
     assert message in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not list(results.glob("regress-*"))
+
+
+def test_cli_inconclusive_exits_4_and_prints_the_sweep_that_settles_it(tmp_path):
+    res = store(tmp_path / "res", rows_for("old", 2, 2, [1.0, 1.05, 0.95])
+                + rows_for("new", 2, 2, [1.15, 1.2, 1.1]))
+    r = run("regress", "baseline=old", "candidate=new", f"results_dir={res}")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "no confirmed change in 1 key/layout(s); 1 inconclusive (measure more)" in r.stdout
+    assert ("python -m hcp_tune sweep cluster=local model=tiny tp=1 cp=4 seq=4096 "
+            "runner=attention env_tag=new search.repeats=") in r.stdout
+    md = (res / "regress-old-vs-new.md").read_text()
+    assert "## Next steps" in md and "INCONCLUSIVE (~" in md
 
 
 def test_cli_empty_results_dir_exits_2(tmp_path):
