@@ -191,13 +191,18 @@ class Comparison:
         return EXIT_INCONCLUSIVE if self.inconclusive else EXIT_OK
 
 
-def sweep_command(key: tuple, tag: str, repeats: int) -> str:
+def sweep_args(key: tuple, tag: str, repeats: int, extra: tuple[str, ...] = ()) -> list[str]:
     """The sweep that brings a key's layouts under ``tag`` to ``repeats`` trials each (a
-    sweep resumes: it measures only the trials not yet stored)."""
-    fields = dict(zip(COMPARED, key))
-    args = [f"{k}={v}" for k, v in fields.items() if k != "pp" or v != OLDER_ROW_DEFAULTS["pp"]]
-    return (f"python -m hcp_tune sweep {' '.join(args)} env_tag={tag} "
-            f"search.repeats={repeats} search.early_stop=false")
+    sweep resumes: it measures only the trials not yet stored). ``extra`` overrides go
+    first, the key and tag last, so they cannot move the sweep to another key."""
+    fields = [f"{k}={v}" for k, v in zip(COMPARED, key)
+              if k != "pp" or v != OLDER_ROW_DEFAULTS["pp"]]
+    return ["sweep", *extra, *fields, f"env_tag={tag}", f"search.repeats={repeats}",
+            "search.early_stop=false"]
+
+
+def sweep_command(key: tuple, tag: str, repeats: int) -> str:
+    return "python -m hcp_tune " + " ".join(sweep_args(key, tag, repeats))
 
 
 def settle_plan(report: Comparison) -> list[tuple[tuple, str, int]]:

@@ -8,13 +8,17 @@ but a layout is inconclusive, 0 otherwise (``Comparison.exit_code``).
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 from hcp_tune.outputs.regress import RegressError
 from hcp_tune.spec import atomic_write_text
 
 REGRESS_KEYS = ("baseline", "candidate", "results_dir", "cluster", "model", "threshold",
-                "mem_threshold", "seed", "ci", "noise_floor", "max_trials")
+                "mem_threshold", "seed", "ci", "noise_floor", "max_trials", "settle",
+                "candidate_args", "baseline_args")
 REPORT_KEYS = ("results_dir", "env_tag", "cluster", "model", "out")
 
 
@@ -75,13 +79,43 @@ def cmd_regress(args: list[str]) -> int:
         ci=_number(a, "ci", regress.CI_LEVEL), noise_floor=_flag(a, "noise_floor", True),
         max_trials=_number(a, "max_trials", regress.MAX_TRIALS, int))
     results_dir = Path(a.get("results_dir", "results")).resolve()
-    report = regress.compare(_rows(results_dir), opts)
+    if _flag(a, "settle", False):
+        report = _settle(a, opts, results_dir)
+    else:
+        for key in ("candidate_args", "baseline_args"):
+            if key in a:
+                raise RegressError(f"{key}={a[key]}: only used with settle=true (the sweeps "
+                                   "that settle inconclusive layouts); add settle=true")
+        report = regress.compare(_rows(results_dir), opts)
     stem = results_dir / f"regress-{slug(opts.baseline)}-vs-{slug(opts.candidate)}"
     md, page = stem.with_suffix(".md"), stem.with_suffix(".html")
     atomic_write_text(str(md), regress_view.markdown(report))
     atomic_write_text(str(page), html_report.regress_page(report))
     regress_view.print_report(report, [str(md), str(page)])
     return report.exit_code
+
+
+def _settle(a: dict[str, str], opts, results_dir: Path):
+    """``settle=true``: sweeps as child processes into the same results_dir (the candidate
+    in this environment, the baseline only with ``baseline_args=``)."""
+    from hcp_tune.outputs.regress_settle import settle
+
+    def split(key: str) -> list[str]:
+        try:
+            return shlex.split(a[key]) + [f"results_dir={results_dir}"]
+        except ValueError as e:
+            raise RegressError(f"{key}={a[key]!r}: {e}; expected sweep overrides, e.g. "
+                               f"{key}='executor=local'") from None
+
+    def run_sweep(args: list[str]) -> int:
+        sys.stdout.flush()
+        return subprocess.run([sys.executable, "-m", "hcp_tune", *args]).returncode
+
+    report, _ = settle(lambda: _rows(results_dir), run_sweep, opts,
+                       candidate_args=split("candidate_args") if "candidate_args" in a
+                       else [f"results_dir={results_dir}"],
+                       baseline_args=split("baseline_args") if "baseline_args" in a else None)
+    return report
 
 
 def cmd_report(args: list[str]) -> int:

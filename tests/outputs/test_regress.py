@@ -236,6 +236,8 @@ def test_cli_no_regression_exits_0(results):
     (["baseline=old", "candidate=new", "noise_floor=maybe"],
      "noise_floor='maybe': expected true or false, e.g. noise_floor=true"),
     (["baseline=old", "candidate=new", "max_trials=2"], "max_trials=2: expected an integer >= 3"),
+    (["baseline=old", "candidate=new", "candidate_args=executor=local"],
+     "candidate_args=executor=local: only used with settle=true"),
 ])
 def test_cli_bad_input_exits_2_with_one_line_and_nothing_written(results, args, message):
     r = run("regress", *args, f"results_dir={results}")
@@ -255,6 +257,19 @@ def test_cli_inconclusive_exits_4_and_prints_the_sweep_that_settles_it(tmp_path)
             "runner=attention env_tag=new search.repeats=") in r.stdout
     md = (res / "regress-old-vs-new.md").read_text()
     assert "## Next steps" in md and "INCONCLUSIVE (~" in md
+
+
+def test_cli_settle_passes_a_sweeps_refusal_on_as_exit_2(tmp_path):
+    res = store(tmp_path / "res", rows_for("old", 2, 2, [1.0, 1.05, 0.95])
+                + rows_for("new", 2, 2, [1.15, 1.2, 1.1]))
+    r = run("regress", "baseline=old", "candidate=new", f"results_dir={res}", "settle=true",
+            "candidate_args=executor=local executor.no_such_key=1")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "executor.no_such_key" in r.stderr  # the sweep's own line
+    assert ("settle: `python -m hcp_tune sweep executor=local executor.no_such_key=1 "
+            f"results_dir={res} cluster=local model=tiny tp=1 cp=4 seq=4096 runner=attention "
+            "env_tag=new search.repeats=") in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_cli_empty_results_dir_exits_2(tmp_path):

@@ -1,10 +1,12 @@
 """``regress``'s evidence rules on recorded rows: a verdict only from the whole interval,
 inconclusive layouts with the trials and the sweep that settle them, memory judged only on
-per-trial device readings, and the exit codes 0 / 1 / 4."""
+per-trial device readings, the exit codes 0 / 1 / 4, and ``settle=true`` (with recorded
+sweeps standing in for the real ones)."""
 import pytest
 from helpers import CPU_MEM, CUDA_MEM, FP, rows_for
 
-from hcp_tune.outputs.regress import Options, compare, settle_plan, sweep_command
+from hcp_tune.outputs.regress import Options, RegressError, compare, settle_plan, sweep_command
+from hcp_tune.outputs.regress_settle import settle
 from hcp_tune.outputs.regress_verdict import memory_not_measured, trials_to_settle, verdict
 from hcp_tune.outputs.regress_view import next_steps, summary_line, verdict_text
 
@@ -139,3 +141,73 @@ def test_one_confirmed_layout_wins_over_an_inconclusive_one():
     assert {c.layout: c.verdict for c in rep.comparisons} == {"[1,4]": "regression",
                                                               "[4,1]": "inconclusive"}
     assert rep.exit_code == 1 and len(rep.inconclusive) == 1
+
+
+# ---------------------------------------------------------------- settle=true
+
+
+class RecordedSweeps:
+    """Stands in for ``python -m hcp_tune sweep``: brings a tag's stored trials of every
+    layout up to ``search.repeats`` from a recorded sequence of per-trial medians."""
+
+    def __init__(self, rows: list[dict], future: dict[str, list[float]]):
+        self.rows, self.future, self.calls = list(rows), future, []
+
+    def __call__(self, args: list[str]) -> int:
+        self.calls.append(args)
+        kv = dict(a.split("=", 1) for a in args[1:])
+        tag, repeats = kv["env_tag"], int(kv["search.repeats"])
+        have = sum(r["env_tag"] == tag for r in self.rows)
+        for i in range(have, repeats):
+            self.rows += rows_for(tag, 2, 2, [self.future[tag][i % len(self.future[tag])]])
+        return 0
+
+
+def test_settle_measures_until_the_inconclusive_layout_is_decided():
+    old, new = [1.0, 1.05, 0.95], [1.15, 1.2, 1.1]
+    sweeps = RecordedSweeps(rows_for("old", 2, 2, old) + rows_for("new", 2, 2, new),
+                            {"old": old, "new": new})
+    assert compare(sweeps.rows, OPTS).exit_code == 4
+    report, log = settle(lambda: sweeps.rows, sweeps, OPTS, candidate_args=["executor=local"],
+                         baseline_args=["executor=local", "executor.container_image=/old.sqsh"],
+                         say=lambda line: None)
+    assert only(report).verdict == "regression" and report.exit_code == 1
+    tags = [dict(a.split("=", 1) for a in c[1:])["env_tag"] for c in sweeps.calls]
+    assert set(tags) == {"old", "new"} and len(log) == len(sweeps.calls)
+    base_call = sweeps.calls[tags.index("old")]
+    assert base_call[:3] == ["sweep", "executor=local", "executor.container_image=/old.sqsh"]
+    assert base_call[-2:] == [base_call[-2], "search.early_stop=false"]
+
+
+def test_settle_measures_the_baseline_only_where_its_environment_is_given():
+    old, new = [1.0, 1.05, 0.95], [1.15, 1.2, 1.1]
+    sweeps = RecordedSweeps(rows_for("old", 2, 2, old) + rows_for("new", 2, 2, new),
+                            {"old": old, "new": new})
+    report, _ = settle(lambda: sweeps.rows, sweeps, OPTS, candidate_args=[],
+                       say=lambda line: None)
+    assert sweeps.calls and all("env_tag=new" in c for c in sweeps.calls)
+    assert report.exit_code in (1, 4)
+
+
+def test_settle_stops_at_the_cap_when_the_change_is_about_the_bound():
+    old, new = [1.0, 1.2, 0.8], [1.05, 1.25, 0.85]
+    sweeps = RecordedSweeps(rows_for("old", 2, 2, old) + rows_for("new", 2, 2, new),
+                            {"old": old, "new": new})
+    opts = Options(baseline="old", candidate="new", max_trials=6)
+    report, _ = settle(lambda: sweeps.rows, sweeps, opts, candidate_args=[], baseline_args=[],
+                       say=lambda line: None)
+    assert sweeps.calls == [] and only(report).inconclusive and report.exit_code == 4
+
+
+@pytest.mark.parametrize("rc", [1, 2])
+def test_settle_reports_a_failed_sweep(rc):
+    rows = rows_for("old", 2, 2, [1.0, 1.05, 0.95]) + rows_for("new", 2, 2, [1.15, 1.2, 1.1])
+    failing = lambda args: rc  # noqa: E731
+    if rc == 2:
+        with pytest.raises(RegressError, match=r"settle: `python -m hcp_tune sweep .* "
+                                               r"env_tag=new .*` refused its input \(exit 2"):
+            settle(lambda: rows, failing, OPTS, candidate_args=[], say=lambda line: None)
+        return
+    report, log = settle(lambda: rows, failing, OPTS, candidate_args=[], say=lambda line: None)
+    assert report.exit_code == 4 and log[0].endswith(": exit 1")
+    assert report.warnings[-1].startswith("settle stopped: the sweep `python -m hcp_tune sweep")

@@ -1,0 +1,184 @@
+"""The false-alarm rate and the power of ``regress``'s verdicts, measured by resampling a
+pool of recorded CPU trials (``benchmarks/regress_pool_rows.jsonl``, recorded by
+``benchmarks/regress_pool.py``: one code version, sessions pool-1..4, and delay-1..2 with
+an injected ring delay).
+
+Each resample draws ``n`` trials per tag (without replacement: the two tags never share a
+trial) and asks ``regress.compare_layout`` for the verdict, as ``regress`` would on two
+sweeps of ``search.repeats=n``:
+
+- **A/A, pooled**: both tags drawn from all clean trials of the layout (exchangeable).
+- **A/A, across sessions**: the four clean sessions split at random two against two, each
+  tag drawn from its half: what two sweeps at different times see (the machine's load
+  drifts between sessions; this is issue 23's scenario).
+- **x1.10 / x1.20 / x1.50**: across sessions, the candidate's per-trial medians multiplied
+  by the factor (a known slowdown of exactly that size).
+- **delay**: the baseline from the clean sessions, the candidate from delay-1..2
+  (``HCP_TUNE_INJECT_DELAY=p2p:0.005``: it slows the ring layout [1,2] only; [2,1] under
+  it is one more A/A across sessions).
+
+A false alarm is a confirmed REGRESSION or UNEXPECTED IMPROVEMENT in an A/A scenario; power
+is the share of confirmed REGRESSIONs under a known slowdown. Rates carry a 95% Wilson
+interval over the resamples.
+
+    PYTHONPATH=$PWD python benchmarks/regress_error_rates.py [--resamples 300]
+        [--out benchmarks/RESULTS-regress-error-rates.md]
+
+About 8 minutes on the shared 2-core machine (each verdict bootstraps 2000 resamples).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from hcp_tune.noise import noise, percentile  # noqa: E402
+from hcp_tune.outputs import regress  # noqa: E402
+
+POOL = REPO / "benchmarks" / "regress_pool_rows.jsonl"
+CLEAN = ("pool-1", "pool-2", "pool-3", "pool-4")
+DELAYED = ("delay-1", "delay-2")
+NS = (3, 5, 10)
+FACTORS = (1.10, 1.20, 1.50)
+VARIANTS = {  # name -> Options fields; the first is the default
+    "default: threshold 5%, bound max(threshold, noise floor), 95% interval": {},
+    "bound = threshold alone (noise_floor=false), 95% interval": {"noise_floor": False},
+    "threshold 5%, noise floor, 90% interval (ci=0.9)": {"ci": 0.9},
+}
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    z, p = 1.96, k / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def scaled(rows: list[dict], factor: float) -> list[dict]:
+    return [{**r, "median_s": r["median_s"] * factor} for r in rows]
+
+
+def draw(rng: random.Random, scenario: str, n: int, clean: dict[str, list[dict]],
+         delayed: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(baseline rows, candidate rows) of one resample."""
+    if scenario == "A/A pooled":
+        both = rng.sample([r for s in CLEAN for r in clean[s]], 2 * n)
+        return both[:n], both[n:]
+    halves = list(CLEAN)
+    rng.shuffle(halves)
+    a = [r for s in halves[:2] for r in clean[s]]
+    b = [r for s in halves[2:] for r in clean[s]]
+    if scenario == "delay":
+        return rng.sample(a + b, n), rng.sample(delayed, n)
+    base, cand = rng.sample(a, n), rng.sample(b, n)
+    if scenario.startswith("x"):
+        cand = scaled(cand, float(scenario[1:]))
+    return base, cand
+
+
+def run_cell(opts, scenario, n, a2a, pool, resamples, seed) -> dict[str, int]:
+    clean = {s: [r for r in pool if r["env_tag"] == s and r["a2a"] == a2a] for s in CLEAN}
+    delayed = [r for r in pool if r["env_tag"] in DELAYED and r["a2a"] == a2a]
+    rng = random.Random(seed)
+    counts = {"regression": 0, "improvement": 0, "inconclusive": 0, "ok": 0}
+    for _ in range(resamples):
+        base, cand = draw(rng, scenario, n, clean, delayed)
+        key = regress.row_key(base[0])
+        c = regress.compare_layout(key, [{**r, "env_tag": "a"} for r in base],
+                                   [{**r, "env_tag": "b"} for r in cand], opts)
+        counts[c.verdict] += 1
+    return counts
+
+
+def pool_lines(pool: list[dict]) -> list[str]:
+    out = ["| session | layout | trials | median s | noise (p10-p90 half-width) |",
+           "|---|---|---|---|---|"]
+    for tag in CLEAN + DELAYED:
+        for a2a in (1, 2):
+            vals = [r["median_s"] for r in pool if r["env_tag"] == tag and r["a2a"] == a2a]
+            if vals:
+                out.append(f"| {tag} | [{a2a},{2 // a2a}] | {len(vals)} | "
+                           f"{percentile(vals, 50):.4f} | {noise(vals) * 100:.1f}% |")
+    for a2a in (1, 2):
+        vals = [r["median_s"] for r in pool if r["env_tag"] in CLEAN and r["a2a"] == a2a]
+        out.append(f"| pool-1..4 | [{a2a},{2 // a2a}] | {len(vals)} | "
+                   f"{percentile(vals, 50):.4f} | {noise(vals) * 100:.1f}% |")
+    return out
+
+
+def pct(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{100 * k / n:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--resamples", type=int, default=300, help="per cell, default variant")
+    ap.add_argument("--other-resamples", type=int, default=150, help="per cell, other variants")
+    ap.add_argument("--pool", default=str(POOL), help="the recorded rows (JSONL)")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS-regress-error-rates.md"))
+    args = ap.parse_args()
+    pool = [json.loads(x) for x in Path(args.pool).read_text().splitlines() if x.strip()]
+    pool = [r for r in pool if regress.usable(r)]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=REPO).stdout.strip()
+    load0, t0 = os.getloadavg()[0], time.monotonic()
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    scenarios = ["A/A pooled", "A/A across sessions"] + [f"x{f:.2f}" for f in FACTORS] + ["delay"]
+    sections = []
+    for vi, (name, fields) in enumerate(VARIANTS.items()):
+        opts = regress.Options(baseline="a", candidate="b", **fields)
+        resamples = args.resamples if vi == 0 else args.other_resamples
+        lines = [f"### {name}", "", f"{resamples} resamples per cell; each cell: confirmed "
+                 "regression / unexpected improvement / inconclusive / ok, and the rate that "
+                 "matters (false alarm on A/A, power on a slowdown) with its 95% Wilson "
+                 "interval.", "",
+                 "| scenario | layout | n/tag | regression | improvement | inconclusive | ok "
+                 "| false alarm or power |", "|---|---|---|---|---|---|---|---|"]
+        for scenario in scenarios:
+            for a2a in (1, 2):
+                for n in NS:
+                    c = run_cell(opts, scenario, n, a2a, pool, resamples, seed=1000 * n + a2a)
+                    aa = scenario.startswith("A/A") or (scenario == "delay" and a2a == 2)
+                    hit = c["regression"] + c["improvement"] if aa else c["regression"]
+                    what = "false alarm" if aa else "power"
+                    lines.append(
+                        f"| {scenario} | [{a2a},{2 // a2a}] | {n} | {c['regression']} | "
+                        f"{c['improvement']} | {c['inconclusive']} | {c['ok']} | {what} "
+                        f"{pct(hit, resamples)} |")
+                print(f"{name[:20]} {scenario} [{a2a}] done, {time.monotonic() - t0:.0f} s",
+                      flush=True)
+        sections += lines + [""]
+    head = [
+        "# `regress`: false-alarm rate and power, measured on recorded CPU trials", "",
+        "```", f"PYTHONPATH=$PWD python benchmarks/regress_error_rates.py --resamples "
+        f"{args.resamples} --other-resamples {args.other_resamples}", "```", "",
+        f"Run on {started} at commit {commit}, {platform.machine()} {platform.system()}, "
+        f"{os.cpu_count()} cores shared with other engineers; load average {load0:.1f} at "
+        f"start, {os.getloadavg()[0]:.1f} at the end; {time.monotonic() - t0:.0f} s. The pool "
+        "(recorded by `benchmarks/regress_pool.py`, committed as "
+        "`benchmarks/regress_pool_rows.jsonl`): `cluster=local model=tiny cp=2 seq=1024 "
+        "runner=attention executor=local`, 2 warm-up + 5 measured steps, "
+        "`executor.trials_per_job=8`; ok, verified trials:", ""] + pool_lines(pool) + [
+        "", "Scenarios: see the script's docstring. `n/tag` is `search.repeats`; the "
+        "comparison is `regress.compare_layout` itself (2000 bootstrap resamples, seed 0).", ""]
+    Path(args.out).write_text("\n".join(head + sections))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
