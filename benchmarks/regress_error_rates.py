@@ -45,17 +45,22 @@ sys.path.insert(0, str(REPO))
 
 from hcp_tune.noise import noise, percentile  # noqa: E402
 from hcp_tune.outputs import regress  # noqa: E402
+from hcp_tune.outputs.regress_verdict import verdict  # noqa: E402
 
 POOL = REPO / "benchmarks" / "regress_pool_rows.jsonl"
 CLEAN = ("pool-1", "pool-2", "pool-3", "pool-4")
 DELAYED = ("delay-1", "delay-2")
 NS = (3, 5, 10)
 FACTORS = (1.10, 1.20, 1.50)
-VARIANTS = {  # name -> Options fields; the first is the default
-    "default: threshold 5%, bound max(threshold, noise floor), 95% interval": {},
-    "bound = threshold alone (noise_floor=false), 95% interval": {"noise_floor": False},
-    "threshold 5%, noise floor, 90% interval (ci=0.9)": {"ci": 0.9},
-}
+# (name, threshold, noise floor in the bound); the first is the default. Every variant
+# judges the same draws with the same 95% interval (the interval does not depend on the
+# bound), so their rates differ by the rule alone.
+VARIANTS = (
+    ("default: bound = max(5%, noise floor)", 0.05, True),
+    ("bound = 5% (noise_floor=false)", 0.05, False),
+    ("bound = max(10%, noise floor) (threshold=0.1)", 0.10, True),
+    ("bound = 10% (threshold=0.1 noise_floor=false)", 0.10, False),
+)
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:
@@ -89,17 +94,24 @@ def draw(rng: random.Random, scenario: str, n: int, clean: dict[str, list[dict]]
     return base, cand
 
 
-def run_cell(opts, scenario, n, a2a, pool, resamples, seed) -> dict[str, int]:
+def run_cell(scenario, n, a2a, pool, resamples, seed) -> list[dict[str, int]]:
+    """Verdict counts per variant over ``resamples`` draws."""
     clean = {s: [r for r in pool if r["env_tag"] == s and r["a2a"] == a2a] for s in CLEAN}
     delayed = [r for r in pool if r["env_tag"] in DELAYED and r["a2a"] == a2a]
     rng = random.Random(seed)
-    counts = {"regression": 0, "improvement": 0, "inconclusive": 0, "ok": 0}
+    opts = regress.Options(baseline="a", candidate="b")  # the defaults
+    counts = [{"regression": 0, "improvement": 0, "inconclusive": 0, "ok": 0}
+              for _ in VARIANTS]
     for _ in range(resamples):
         base, cand = draw(rng, scenario, n, clean, delayed)
         key = regress.row_key(base[0])
         c = regress.compare_layout(key, [{**r, "env_tag": "a"} for r in base],
                                    [{**r, "env_tag": "b"} for r in cand], opts)
-        counts[c.verdict] += 1
+        for i, (_, threshold, floor) in enumerate(VARIANTS):
+            said = (c.verdict if i == 0 else
+                    verdict(c.ci[0], c.ci[1], max(threshold, c.noise_floor) if floor
+                            else threshold))
+            counts[i][said] += 1
     return counts
 
 
@@ -126,8 +138,7 @@ def pct(k: int, n: int) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--resamples", type=int, default=300, help="per cell, default variant")
-    ap.add_argument("--other-resamples", type=int, default=150, help="per cell, other variants")
+    ap.add_argument("--resamples", type=int, default=300, help="draws per cell")
     ap.add_argument("--pool", default=str(POOL), help="the recorded rows (JSONL)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS-regress-error-rates.md"))
     args = ap.parse_args()
@@ -138,34 +149,31 @@ def main() -> int:
     load0, t0 = os.getloadavg()[0], time.monotonic()
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     scenarios = ["A/A pooled", "A/A across sessions"] + [f"x{f:.2f}" for f in FACTORS] + ["delay"]
+    cells = {}
+    for scenario in scenarios:
+        for a2a in (1, 2):
+            for n in NS:
+                cells[(scenario, a2a, n)] = run_cell(scenario, n, a2a, pool, args.resamples,
+                                                     seed=1000 * n + a2a)
+            print(f"{scenario} [{a2a}] done, {time.monotonic() - t0:.0f} s", flush=True)
     sections = []
-    for vi, (name, fields) in enumerate(VARIANTS.items()):
-        opts = regress.Options(baseline="a", candidate="b", **fields)
-        resamples = args.resamples if vi == 0 else args.other_resamples
-        lines = [f"### {name}", "", f"{resamples} resamples per cell; each cell: confirmed "
-                 "regression / unexpected improvement / inconclusive / ok, and the rate that "
-                 "matters (false alarm on A/A, power on a slowdown) with its 95% Wilson "
-                 "interval.", "",
-                 "| scenario | layout | n/tag | regression | improvement | inconclusive | ok "
-                 "| false alarm or power |", "|---|---|---|---|---|---|---|---|"]
-        for scenario in scenarios:
-            for a2a in (1, 2):
-                for n in NS:
-                    c = run_cell(opts, scenario, n, a2a, pool, resamples, seed=1000 * n + a2a)
-                    aa = scenario.startswith("A/A") or (scenario == "delay" and a2a == 2)
-                    hit = c["regression"] + c["improvement"] if aa else c["regression"]
-                    what = "false alarm" if aa else "power"
-                    lines.append(
-                        f"| {scenario} | [{a2a},{2 // a2a}] | {n} | {c['regression']} | "
-                        f"{c['improvement']} | {c['inconclusive']} | {c['ok']} | {what} "
-                        f"{pct(hit, resamples)} |")
-                print(f"{name[:20]} {scenario} [{a2a}] done, {time.monotonic() - t0:.0f} s",
-                      flush=True)
+    for vi, (name, _, _) in enumerate(VARIANTS):
+        lines = [f"### {name}", "", "| scenario | layout | n/tag | regression | improvement "
+                 "| inconclusive | ok | false alarm or power |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for (scenario, a2a, n), per in cells.items():
+            c = per[vi]
+            aa = scenario.startswith("A/A") or (scenario == "delay" and a2a == 2)
+            hit = c["regression"] + c["improvement"] if aa else c["regression"]
+            what = "false alarm" if aa else "power"
+            lines.append(f"| {scenario} | [{a2a},{2 // a2a}] | {n} | {c['regression']} | "
+                         f"{c['improvement']} | {c['inconclusive']} | {c['ok']} | {what} "
+                         f"{pct(hit, args.resamples)} |")
         sections += lines + [""]
     head = [
         "# `regress`: false-alarm rate and power, measured on recorded CPU trials", "",
         "```", f"PYTHONPATH=$PWD python benchmarks/regress_error_rates.py --resamples "
-        f"{args.resamples} --other-resamples {args.other_resamples}", "```", "",
+        f"{args.resamples}", "```", "",
         f"Run on {started} at commit {commit}, {platform.machine()} {platform.system()}, "
         f"{os.cpu_count()} cores shared with other engineers; load average {load0:.1f} at "
         f"start, {os.getloadavg()[0]:.1f} at the end; {time.monotonic() - t0:.0f} s. The pool "
@@ -174,7 +182,12 @@ def main() -> int:
         "runner=attention executor=local`, 2 warm-up + 5 measured steps, "
         "`executor.trials_per_job=8`; ok, verified trials:", ""] + pool_lines(pool) + [
         "", "Scenarios: see the script's docstring. `n/tag` is `search.repeats`; the "
-        "comparison is `regress.compare_layout` itself (2000 bootstrap resamples, seed 0).", ""]
+        "comparison is `regress.compare_layout` itself (2000 bootstrap resamples, seed 0, "
+        f"95% interval). {args.resamples} draws per cell; each cell counts the confirmed "
+        "regressions / unexpected improvements / inconclusive / ok, and the rate that "
+        "matters (false alarm on an A/A, power on a slowdown) with its 95% Wilson interval. "
+        "Every variant judges the same draws with the same interval; only the bound differs.",
+        ""]
     Path(args.out).write_text("\n".join(head + sections))
     print(f"wrote {args.out}")
     return 0
