@@ -28,6 +28,7 @@ h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 32px; } h3 { font-size
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
 td, th { border: 1px solid #ccc; padding: 3px 7px; text-align: left; }
 tr.flagged td { background: #fde8e8; font-weight: bold; }
+tr.inconclusive td { background: #fff6d6; }
 .warn { background: #fff6d6; border: 1px solid #e6c200; padding: 6px 10px; margin: 6px 0; }
 .plots { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
 .note { color: #555; font-size: 12px; }
@@ -43,10 +44,11 @@ def page(title: str, body: list[str]) -> str:
         *body, "</body></html>", ""])
 
 
-def _table(headers, rows, flagged=None) -> str:
+def _table(headers, rows, classes=None) -> str:
+    """``classes``: per row a CSS class ("flagged", "inconclusive") or "" for none."""
     out = ["<table><tr>" + "".join(f"<th>{svg.esc(h)}</th>" for h in headers) + "</tr>"]
     for i, row in enumerate(rows):
-        cls = ' class="flagged"' if flagged and flagged[i] else ""
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
         out.append(f"<tr{cls}>" + "".join(f"<td>{svg.esc(c)}</td>" for c in row) + "</tr>")
     return "\n".join(out + ["</table>"])
 
@@ -60,7 +62,8 @@ def regress_page(report: Comparison) -> str:
     body = [f"<p><b>{svg.esc(summary_line(report))}</b></p>"]
     body += _warnings(winner_lines(report) + next_steps(report) + report.warnings)
     body.append(_table(HEADERS, [cells(c) for c in report.comparisons],
-                       [c.flagged for c in report.comparisons]))
+                       ["flagged" if c.flagged else "inconclusive" if c.inconclusive else ""
+                        for c in report.comparisons]))
     body.append(f'<p class="note">method: {svg.esc(METHOD)}; bootstrap seed {o.seed}.</p>')
     for k in report.keys:
         body.append(f"<h2>{svg.esc(k.name)}</h2>")
