@@ -13,9 +13,9 @@ sweeps of ``search.repeats=n``:
   drifts between sessions; this is issue 23's scenario).
 - **x1.10 / x1.20 / x1.50**: across sessions, the candidate's per-trial medians multiplied
   by the factor (a known slowdown of exactly that size).
-- **delay**: the baseline from the clean sessions, the candidate from delay-1..2
-  (``HCP_TUNE_INJECT_DELAY=p2p:0.005``: it slows the ring layout [1,2] only; [2,1] under
-  it is one more A/A across sessions).
+- **delay 5 ms / 50 ms**: the baseline from the clean sessions, the candidate from
+  delay-1..2 (``HCP_TUNE_INJECT_DELAY=p2p:0.005``) or bigdelay-1 (``p2p:0.05``): the
+  delay slows the ring layout [1,2] only; [2,1] under it is one more A/A across sessions.
 
 A false alarm is a confirmed REGRESSION or UNEXPECTED IMPROVEMENT in an A/A scenario; power
 is the share of confirmed REGRESSIONs under a known slowdown. Rates carry a 95% Wilson
@@ -49,7 +49,7 @@ from hcp_tune.outputs.regress_verdict import verdict  # noqa: E402
 
 POOL = REPO / "benchmarks" / "regress_pool_rows.jsonl"
 CLEAN = ("pool-1", "pool-2", "pool-3", "pool-4")
-DELAYED = ("delay-1", "delay-2")
+DELAYED = {"delay 5 ms": ("delay-1", "delay-2"), "delay 50 ms": ("bigdelay-1",)}
 NS = (3, 5, 10)
 FACTORS = (1.10, 1.20, 1.50)
 # (name, threshold, noise floor in the bound); the first is the default. Every variant
@@ -77,7 +77,7 @@ def scaled(rows: list[dict], factor: float) -> list[dict]:
 
 
 def draw(rng: random.Random, scenario: str, n: int, clean: dict[str, list[dict]],
-         delayed: list[dict]) -> tuple[list[dict], list[dict]]:
+         delayed: dict[str, list[dict]]) -> tuple[list[dict], list[dict]]:
     """(baseline rows, candidate rows) of one resample."""
     if scenario == "A/A pooled":
         both = rng.sample([r for s in CLEAN for r in clean[s]], 2 * n)
@@ -86,8 +86,8 @@ def draw(rng: random.Random, scenario: str, n: int, clean: dict[str, list[dict]]
     rng.shuffle(halves)
     a = [r for s in halves[:2] for r in clean[s]]
     b = [r for s in halves[2:] for r in clean[s]]
-    if scenario == "delay":
-        return rng.sample(a + b, n), rng.sample(delayed, n)
+    if scenario in delayed:
+        return rng.sample(a + b, n), rng.sample(delayed[scenario], n)
     base, cand = rng.sample(a, n), rng.sample(b, n)
     if scenario.startswith("x"):
         cand = scaled(cand, float(scenario[1:]))
@@ -97,7 +97,8 @@ def draw(rng: random.Random, scenario: str, n: int, clean: dict[str, list[dict]]
 def run_cell(scenario, n, a2a, pool, resamples, seed) -> list[dict[str, int]]:
     """Verdict counts per variant over ``resamples`` draws."""
     clean = {s: [r for r in pool if r["env_tag"] == s and r["a2a"] == a2a] for s in CLEAN}
-    delayed = [r for r in pool if r["env_tag"] in DELAYED and r["a2a"] == a2a]
+    delayed = {name: [r for r in pool if r["env_tag"] in tags and r["a2a"] == a2a]
+               for name, tags in DELAYED.items()}
     rng = random.Random(seed)
     opts = regress.Options(baseline="a", candidate="b")  # the defaults
     counts = [{"regression": 0, "improvement": 0, "inconclusive": 0, "ok": 0}
@@ -118,7 +119,7 @@ def run_cell(scenario, n, a2a, pool, resamples, seed) -> list[dict[str, int]]:
 def pool_lines(pool: list[dict]) -> list[str]:
     out = ["| session | layout | trials | median s | noise (p10-p90 half-width) |",
            "|---|---|---|---|---|"]
-    for tag in CLEAN + DELAYED:
+    for tag in CLEAN + tuple(t for tags in DELAYED.values() for t in tags):
         for a2a in (1, 2):
             vals = [r["median_s"] for r in pool if r["env_tag"] == tag and r["a2a"] == a2a]
             if vals:
@@ -148,7 +149,8 @@ def main() -> int:
                             text=True, cwd=REPO).stdout.strip()
     load0, t0 = os.getloadavg()[0], time.monotonic()
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    scenarios = ["A/A pooled", "A/A across sessions"] + [f"x{f:.2f}" for f in FACTORS] + ["delay"]
+    scenarios = (["A/A pooled", "A/A across sessions"] + [f"x{f:.2f}" for f in FACTORS]
+                 + list(DELAYED))
     cells = {}
     for scenario in scenarios:
         for a2a in (1, 2):
@@ -163,7 +165,7 @@ def main() -> int:
                  "|---|---|---|---|---|---|---|---|"]
         for (scenario, a2a, n), per in cells.items():
             c = per[vi]
-            aa = scenario.startswith("A/A") or (scenario == "delay" and a2a == 2)
+            aa = scenario.startswith("A/A") or (scenario in DELAYED and a2a == 2)
             hit = c["regression"] + c["improvement"] if aa else c["regression"]
             what = "false alarm" if aa else "power"
             lines.append(f"| {scenario} | [{a2a},{2 // a2a}] | {n} | {c['regression']} | "
