@@ -3,7 +3,7 @@ inconclusive layouts with the trials and the sweep that settle them, memory judg
 per-trial device readings, the exit codes 0 / 1 / 4, and ``settle=true`` (with recorded
 sweeps standing in for the real ones)."""
 import pytest
-from helpers import CPU_MEM, CUDA_MEM, FP, rows_for
+from helpers import CPU_MEM, CUDA_MEM, FP, pool_rows, retag, rows_for
 
 from hcp_tune.outputs.regress import Options, RegressError, compare, settle_plan, sweep_command
 from hcp_tune.outputs.regress_settle import settle
@@ -211,3 +211,41 @@ def test_settle_reports_a_failed_sweep(rc):
     report, log = settle(lambda: rows, failing, OPTS, candidate_args=[], say=lambda line: None)
     assert report.exit_code == 4 and log[0].endswith(": exit 1")
     assert report.warnings[-1].startswith("settle stopped: the sweep `python -m hcp_tune sweep")
+
+
+# ---------------------------------------------------------------- the recorded CPU pool
+
+CLEAN = ("pool-1", "pool-2", "pool-3", "pool-4")
+
+
+def interleaved(tags, per_tag: int) -> list[dict]:
+    """The recorded trials of ``tags`` split alternately (in trial order, per layout and
+    session) into tags ``a`` and ``b``, ``per_tag`` trials per session each."""
+    rows = []
+    for t in tags:
+        for a2a in (1, 2):
+            got = sorted((r for r in pool_rows(t) if r["a2a"] == a2a), key=lambda r: r["trial_id"])
+            rows += retag(got[0:2 * per_tag:2], "a") + retag(got[1:2 * per_tag:2], "b")
+    return rows
+
+
+@pytest.mark.parametrize("tags,per_tag", [((t,), n) for t in CLEAN for n in (3, 4)]
+                         + [(CLEAN, 4)])
+def test_identical_code_measured_interleaved_is_never_a_confirmed_change(tags, per_tag):
+    """Issue 23's A/A on recorded rows: one code version, its trials alternately given to
+    two tags (so both saw the same machine load), 3 or 4 trials per tag from one session,
+    and 16 per tag over all four: exit 0 or 4, never 1. (Sessions recorded at different
+    load are another matter: docs/regress.md, "What the CPU pool shows".)"""
+    rep = compare(interleaved(tags, per_tag), Options(baseline="a", candidate="b"))
+    assert len(rep.comparisons) == 2
+    assert rep.exit_code in (0, 4), [(c.layout, c.ratio, c.ci, c.bound) for c in rep.comparisons]
+
+
+def test_the_recorded_injected_delay_is_confirmed_on_the_ring_only():
+    """bigdelay-1: HCP_TUNE_INJECT_DELAY=p2p:0.05 slows the ring layout [1,2] several-fold;
+    against all four clean sessions it is a confirmed regression, the sweep exits 1."""
+    rows = retag(pool_rows(*CLEAN), "clean") + pool_rows("bigdelay-1")
+    rep = compare(rows, Options(baseline="clean", candidate="bigdelay-1"))
+    verdicts = {c.layout: c.verdict for c in rep.comparisons}
+    assert verdicts["[1,2]"] == "regression" and rep.exit_code == 1
+    assert any("HCP_TUNE_INJECT_DELAY=p2p:0.05" in w for w in rep.warnings)
