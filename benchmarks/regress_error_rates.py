@@ -55,11 +55,13 @@ FACTORS = (1.10, 1.20, 1.50)
 # (name, threshold, noise floor in the bound); the first is the default. Every variant
 # judges the same draws with the same 95% interval (the interval does not depend on the
 # bound), so their rates differ by the rule alone.
+# (bound = max(10%, noise floor) is left out: on this CPU the noise floor is above 10%
+# everywhere, so it judges exactly as the default.)
 VARIANTS = (
-    ("default: bound = max(5%, noise floor)", 0.05, True),
-    ("bound = 5% (noise_floor=false)", 0.05, False),
-    ("bound = max(10%, noise floor) (threshold=0.1)", 0.10, True),
-    ("bound = 10% (threshold=0.1 noise_floor=false)", 0.10, False),
+    ("default: bound = max(5%, noise floor), confirmed only on >= 5 trials per tag", 0.05, True),
+    ("bound = max(5%, noise floor), confirmed on 3 trials (confirm_trials=3)", 0.05, True),
+    ("bound = 5% (noise_floor=false confirm_trials=3)", 0.05, False),
+    ("bound = 10% (threshold=0.1 noise_floor=false confirm_trials=3)", 0.10, False),
 )
 
 

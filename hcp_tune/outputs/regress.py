@@ -27,7 +27,10 @@ The statistics (stated in every report, ``METHOD``):
   whole interval lies above 1 + bound; ``improvement`` (unexpected, flagged like a
   regression, as Megatron-Bridge's performance CI does: a sudden speed-up can be CP
   silently off) when it lies below 1 - bound; ``ok`` when it lies inside [1 - bound,
-  1 + bound]; ``inconclusive`` when it straddles an edge, with the trials per tag that
+  1 + bound]; a regression or improvement on fewer than ``CONFIRM_TRIALS`` (5) trials per
+  tag is not confirmed (inconclusive, 5 trials to settle it: on the shared CPU the A/A
+  false-alarm rate across sessions was 14.5% with 3 trials, at most 4.5% with 5);
+  ``inconclusive`` when the interval straddles an edge, with the trials per tag that
   would likely settle it (``regress_verdict.trials_to_settle``) and the sweep command
   that adds them; ``failing`` when the baseline measured the layout and the candidate has
   trials of it but none ended ok.
@@ -63,6 +66,8 @@ from hcp_tune.outputs.regress_verdict import (  # bootstrap_ratio_ci: also its o
 )
 
 MIN_TRIALS = 3
+CONFIRM_TRIALS = 5  # a confirmed verdict needs this many per tag (the A/A false-alarm rate
+# across sessions on the shared CPU was 14.5% with 3, <= 4.5% with 5: docs/regress.md)
 MAX_TRIALS = 30  # the most trials per tag an inconclusive layout is sent back for
 COMPARED = ("cluster", "model", "tp", "pp", "cp", "seq", "runner")  # the sweep key without env_tag
 IGNORED_FINGERPRINT = ("hosts",)  # host names alone never make rows differ
@@ -74,7 +79,8 @@ METHOD = (
     f"over per-trial medians ({BOOTSTRAP_N} resamples per tag, seeded); noise floor: the larger "
     "tag's p10-p90 half-width of per-trial medians (hcp_tune.noise); bound = max(threshold, "
     "noise floor); REGRESSION / UNEXPECTED IMPROVEMENT only when the whole interval lies "
-    "beyond 1 +/- bound, ok when it lies inside, INCONCLUSIVE when it straddles an edge; "
+    f"beyond 1 +/- bound on >= {CONFIRM_TRIALS} trials per tag, ok when it lies inside, "
+    "INCONCLUSIVE when it straddles an edge (or lies beyond on fewer trials); "
     "memory judged only on per-trial device readings")
 
 
@@ -94,6 +100,7 @@ class Options:
     ci: float = CI_LEVEL  # the interval's coverage
     noise_floor: bool = True  # the bound is max(threshold, noise floor); False: threshold
     max_trials: int = MAX_TRIALS  # an inconclusive layout needing more is "about the bound"
+    confirm_trials: int = CONFIRM_TRIALS  # trials per tag a REGRESSION/IMPROVEMENT needs
 
     def __post_init__(self) -> None:
         for name in ("threshold", "mem_threshold"):
@@ -103,6 +110,9 @@ class Options:
         if not 0.5 <= self.ci < 1:
             raise RegressError(f"ci={self.ci}: expected the interval's coverage, a fraction "
                                "in [0.5, 1), e.g. ci=0.95")
+        if not MIN_TRIALS <= self.confirm_trials <= self.max_trials:
+            raise RegressError(f"confirm_trials={self.confirm_trials}: expected an integer "
+                               f"from {MIN_TRIALS} to max_trials ({self.max_trials})")
         if self.max_trials < MIN_TRIALS:
             raise RegressError(f"max_trials={self.max_trials}: expected an integer >= "
                                f"{MIN_TRIALS} (regress needs {MIN_TRIALS} trials per tag)")
@@ -287,8 +297,11 @@ def compare_layout(key: tuple, base_rows: list[dict], cand_rows: list[dict],
     floor = max(noise(b), noise(c))
     bound = max(opts.threshold, floor) if opts.noise_floor else opts.threshold
     said = verdict(ci[0], ci[1], bound)
-    needed = (trials_to_settle(b, c, ratio, bound, level=opts.ci, cap=opts.max_trials)
-              if said == "inconclusive" else None)
+    needed = None
+    if said in ("regression", "improvement") and min(len(b), len(c)) < opts.confirm_trials:
+        said, needed = "inconclusive", opts.confirm_trials  # beyond, but on too few trials
+    elif said == "inconclusive":
+        needed = trials_to_settle(b, c, ratio, bound, level=opts.ci, cap=opts.max_trials)
     return LayoutComparison(**common, ratio=ratio, ci=ci, noise_floor=floor, bound=bound,
                             verdict=said, needed=needed, **_memory(base_ok, cand_ok, opts))
 

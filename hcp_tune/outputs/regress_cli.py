@@ -18,7 +18,7 @@ from hcp_tune.spec import atomic_write_text
 
 REGRESS_KEYS = ("baseline", "candidate", "results_dir", "cluster", "model", "threshold",
                 "mem_threshold", "seed", "ci", "noise_floor", "max_trials", "settle",
-                "candidate_args", "baseline_args")
+                "candidate_args", "baseline_args", "confirm_trials")
 REPORT_KEYS = ("results_dir", "env_tag", "cluster", "model", "out")
 
 
@@ -77,7 +77,8 @@ def cmd_regress(args: list[str]) -> int:
         model=a.get("model"), threshold=_number(a, "threshold", 0.05),
         mem_threshold=_number(a, "mem_threshold", 0.05), seed=_number(a, "seed", 0, int),
         ci=_number(a, "ci", regress.CI_LEVEL), noise_floor=_flag(a, "noise_floor", True),
-        max_trials=_number(a, "max_trials", regress.MAX_TRIALS, int))
+        max_trials=_number(a, "max_trials", regress.MAX_TRIALS, int),
+        confirm_trials=_number(a, "confirm_trials", regress.CONFIRM_TRIALS, int))
     results_dir = Path(a.get("results_dir", "results")).resolve()
     if _flag(a, "settle", False):
         report = _settle(a, opts, results_dir)

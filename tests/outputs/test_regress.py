@@ -17,6 +17,7 @@ from hcp_tune.outputs.regress import (  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = [1.00, 1.01, 0.99]
+BASE5 = [1.00, 1.01, 0.99, 1.005, 0.995]  # a confirmed verdict needs 5 trials per tag
 OPTS = Options(baseline="old", candidate="new")
 
 
@@ -34,7 +35,8 @@ def test_no_change_is_ok_and_exit_0():
 
 
 def test_real_slowdown_is_a_regression_with_an_interval_above_one():
-    rep = compare(rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, [1.20, 1.21, 1.19]), OPTS)
+    rep = compare(rows_for("old", 2, 2, BASE5)
+                  + rows_for("new", 2, 2, [1.20, 1.21, 1.19, 1.2, 1.2]), OPTS)
     c = only(rep)
     assert c.verdict == "regression"
     assert c.ratio == pytest.approx(1.20 / 1.00)
@@ -54,7 +56,8 @@ def test_change_within_noise_is_inconclusive_not_flagged_though_above_threshold(
 
 
 def test_speedup_beyond_the_bound_is_an_unexpected_improvement():
-    rep = compare(rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, [0.8, 0.81, 0.79]), OPTS)
+    rep = compare(rows_for("old", 2, 2, BASE5) + rows_for("new", 2, 2, [0.8, 0.81, 0.79] + [0.8] * 2),
+                  OPTS)
     assert only(rep).verdict == "improvement"
     assert rep.exit_code == 1
 
@@ -79,8 +82,8 @@ def test_memory_within_threshold_and_zero_baseline_are_not_flagged():
 
 
 def test_changed_winner_is_reported_per_key():
-    rows = (rows_for("old", 1, 4, [1.0, 1.0, 1.0]) + rows_for("old", 4, 1, [1.2, 1.2, 1.2])
-            + rows_for("new", 1, 4, [1.3, 1.3, 1.3]) + rows_for("new", 4, 1, [1.2, 1.2, 1.2]))
+    rows = (rows_for("old", 1, 4, [1.0] * 5) + rows_for("old", 4, 1, [1.2] * 5)
+            + rows_for("new", 1, 4, [1.3] * 5) + rows_for("new", 4, 1, [1.2] * 5))
     rep = compare(rows, OPTS)
     (key,) = rep.keys
     assert (key.base_winner, key.cand_winner) == ("[1,4]", "[4,1]")
@@ -114,6 +117,15 @@ def test_too_few_trials_is_refused_naming_the_layout_and_counts(n_old, n_new):
 
 def test_exactly_three_trials_is_enough():
     assert compare(rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, BASE), OPTS).comparisons
+
+
+@pytest.mark.parametrize("n,verdict", [(3, "inconclusive"), (4, "inconclusive"), (5, "regression")])
+def test_a_slowdown_is_confirmed_only_on_five_trials_per_tag(n, verdict):
+    rep = compare(rows_for("old", 2, 2, BASE5[:n]) + rows_for("new", 2, 2, [1.3] * n), OPTS)
+    c = only(rep)
+    assert c.ci[0] > 1 + c.bound  # the interval is past the bound every time
+    assert c.verdict == verdict and rep.exit_code == {3: 4, 4: 4, 5: 1}[n]
+    assert c.needed == (5 if n < 5 else None)
 
 
 def test_failed_trials_do_not_count_and_a_layout_that_now_fails_is_flagged():
@@ -196,8 +208,8 @@ def run(*args, cwd=REPO):
 
 @pytest.fixture
 def results(tmp_path):
-    rows = (rows_for("old", 1, 4, BASE) + rows_for("old", 4, 1, BASE)
-            + rows_for("new", 1, 4, [1.3, 1.31, 1.29]) + rows_for("new", 4, 1, BASE)
+    rows = (rows_for("old", 1, 4, BASE5) + rows_for("old", 4, 1, BASE)
+            + rows_for("new", 1, 4, [1.3, 1.31, 1.29, 1.3, 1.3]) + rows_for("new", 4, 1, BASE)
             + rows_for("few", 1, 4, BASE[:2]))
     return store(tmp_path / "res", rows)
 
@@ -207,7 +219,7 @@ def test_cli_flags_a_regression_exit_1_and_writes_md_and_html(results):
     assert r.returncode == 1, r.stderr
     assert "1 of 2 key/layout(s) flagged" in r.stdout and "REGRESSION" in r.stdout
     md = (results / "regress-old-vs-new.md").read_text()
-    assert "| [1,4] p2p | 3/3 | 1 | 1.3 | 1.300 |" in md
+    assert "| [1,4] p2p | 5/5 | 1 | 1.3 | 1.300 |" in md
     assert "winner changed" not in md and "## Method" in md
     assert "<svg" in (results / "regress-old-vs-new.html").read_text()
 
@@ -235,7 +247,8 @@ def test_cli_no_regression_exits_0(results):
     (["baseline=old", "candidate=new", "ci=95"], "ci=95.0: expected the interval's coverage"),
     (["baseline=old", "candidate=new", "noise_floor=maybe"],
      "noise_floor='maybe': expected true or false, e.g. noise_floor=true"),
-    (["baseline=old", "candidate=new", "max_trials=2"], "max_trials=2: expected an integer >= 3"),
+    (["baseline=old", "candidate=new", "max_trials=2"], "confirm_trials=5: expected an integer from 3 to max_trials (2)"),
+    (["baseline=old", "candidate=new", "confirm_trials=2"], "confirm_trials=2: expected an integer from 3"),
     (["baseline=old", "candidate=new", "candidate_args=executor=local"],
      "candidate_args=executor=local: only used with settle=true"),
 ])
