@@ -8,6 +8,7 @@ import pytest
 from helpers import CUDA_MEM, FP, rows_for, store  # noqa: E402
 
 from hcp_tune.outputs.regress import (  # noqa: E402
+    CONFIRM_TRIALS,
     MIN_TRIALS,
     Options,
     RegressError,
@@ -325,11 +326,11 @@ def test_recommend_warns_about_rows_with_an_injected_delay(tmp_path):
             "(HCP_TUNE_INJECT_DELAY=a2a:1)") in r.stderr
 
 
-def test_te_regression_preset_measures_every_layout_three_times():
+def test_te_regression_preset_measures_every_layout_enough_times_to_confirm():
     from hcp_tune import config
 
     cfg = config.load(["sweeps=te_regression"])
-    assert cfg.search.repeats == MIN_TRIALS and cfg.search.early_stop is False
+    assert cfg.search.repeats == CONFIRM_TRIALS and cfg.search.early_stop is False
     assert cfg.runner.name == "attention" and len(cfg.seqs) >= 2
     script = (REPO / "scripts" / "te_regression.sh").read_text()
     assert "MODELS=(llama3-8b llama2-7b)" in script and "CPS=(4 16)" in script
