@@ -201,35 +201,6 @@ class Comparison:
         return EXIT_INCONCLUSIVE if self.inconclusive else EXIT_OK
 
 
-def sweep_args(key: tuple, tag: str, repeats: int, extra: tuple[str, ...] = ()) -> list[str]:
-    """The sweep that brings a key's layouts under ``tag`` to ``repeats`` trials each (a
-    sweep resumes: it measures only the trials not yet stored). ``extra`` overrides go
-    first, the key and tag last, so they cannot move the sweep to another key."""
-    fields = [f"{k}={v}" for k, v in zip(COMPARED, key)
-              if k != "pp" or v != OLDER_ROW_DEFAULTS["pp"]]
-    return ["sweep", *extra, *fields, f"env_tag={tag}", f"search.repeats={repeats}",
-            "search.early_stop=false"]
-
-
-def sweep_command(key: tuple, tag: str, repeats: int) -> str:
-    return "python -m hcp_tune " + " ".join(sweep_args(key, tag, repeats))
-
-
-def settle_plan(report: Comparison) -> list[tuple[tuple, str, int]]:
-    """(key, tag, search.repeats) for every key with a layout that can be settled within
-    ``max_trials``: the repeats count every stored trial of the layout, so the sweep adds
-    ``needed`` usable ones (a trial that fails again is counted, not retried)."""
-    o = report.options
-    plan = []
-    for k in report.keys:
-        for i, tag in enumerate((o.baseline, o.candidate)):
-            want = [c.needed + c.stored[i] - len(c.cand_s if i else c.base_s)
-                    for c in k.layouts if c.inconclusive and c.needed]
-            if want:
-                plan.append((k.key, tag, max(want)))
-    return plan
-
-
 def key_text(key: tuple) -> str:
     """The key as the user types it; pp=1 is left out, as in the sweep key's name."""
     return " ".join(f"{k}={v}" for k, v in zip(COMPARED, key) if v != OLDER_ROW_DEFAULTS.get(k))

@@ -1,5 +1,7 @@
-"""``regress ... settle=true``: measure more where a comparison is inconclusive, until every
-layout is confirmed or cleared or the cap is reached, so a nightly job ends with a verdict.
+"""What settles an inconclusive ``regress``: the sweep command printed for each (key, tag)
+(``settle_plan``, ``sweep_command``), and ``regress ... settle=true``, which runs them until
+every layout is confirmed or cleared or the cap is reached, so a nightly job ends with a
+verdict.
 
 Each round compares the stored rows, takes ``regress.settle_plan`` (per key and tag, the
 ``search.repeats`` that would likely settle its inconclusive layouts), runs those sweeps
@@ -20,15 +22,45 @@ from typing import Callable, Optional
 
 from hcp_tune.errors import EXIT_USAGE
 from hcp_tune.outputs.regress import (
+    COMPARED,
+    OLDER_ROW_DEFAULTS,
     Comparison,
     Options,
     RegressError,
     compare,
-    settle_plan,
-    sweep_args,
 )
 
 MAX_ROUNDS = 10  # a bound on the loop: each round raises some key's repeats, capped too
+
+
+def sweep_args(key: tuple, tag: str, repeats: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """The sweep that brings a key's layouts under ``tag`` to ``repeats`` trials each (a
+    sweep resumes: it measures only the trials not yet stored). ``extra`` overrides go
+    first, the key and tag last, so they cannot move the sweep to another key."""
+    fields = [f"{k}={v}" for k, v in zip(COMPARED, key)
+              if k != "pp" or v != OLDER_ROW_DEFAULTS["pp"]]
+    return ["sweep", *extra, *fields, f"env_tag={tag}", f"search.repeats={repeats}",
+            "search.early_stop=false"]
+
+
+def sweep_command(key: tuple, tag: str, repeats: int) -> str:
+    return "python -m hcp_tune " + " ".join(sweep_args(key, tag, repeats))
+
+
+def settle_plan(report: Comparison) -> list[tuple[tuple, str, int]]:
+    """(key, tag, search.repeats) for every key with a layout that can be settled within
+    ``max_trials``: the repeats count every stored trial of the layout, so the sweep adds
+    ``needed`` usable ones (a trial that fails again is counted, not retried)."""
+    o = report.options
+    plan = []
+    for k in report.keys:
+        for i, tag in enumerate((o.baseline, o.candidate)):
+            want = [c.needed + c.stored[i] - len(c.cand_s if i else c.base_s)
+                    for c in k.layouts if c.inconclusive and c.needed]
+            if want:
+                plan.append((k.key, tag, max(want)))
+    return plan
+
 
 
 def settle(load_rows: Callable[[], list[dict]], run_sweep: Callable[[list[str]], int],

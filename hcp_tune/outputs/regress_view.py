@@ -8,14 +8,8 @@ from __future__ import annotations
 from typing import Optional
 
 from hcp_tune.noise import percentile
-from hcp_tune.outputs.regress import (
-    METHOD,
-    Comparison,
-    LayoutComparison,
-    key_text,
-    settle_plan,
-    sweep_command,
-)
+from hcp_tune.outputs.regress import METHOD, Comparison, LayoutComparison, key_text
+from hcp_tune.outputs.regress_settle import settle_plan, sweep_command
 
 HEADERS = ("key", "layout", "trials b/c", "baseline s", "candidate s", "ratio", "interval",
            "noise", "verdict", "mem ratio", "mem")

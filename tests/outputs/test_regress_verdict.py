@@ -5,8 +5,8 @@ sweeps standing in for the real ones)."""
 import pytest
 from helpers import CPU_MEM, CUDA_MEM, FP, pool_rows, retag, rows_for
 
-from hcp_tune.outputs.regress import Options, RegressError, compare, settle_plan, sweep_command
-from hcp_tune.outputs.regress_settle import settle
+from hcp_tune.outputs.regress import Options, RegressError, compare
+from hcp_tune.outputs.regress_settle import settle, settle_plan, sweep_command
 from hcp_tune.outputs.regress_verdict import memory_not_measured, trials_to_settle, verdict
 from hcp_tune.outputs.regress_view import next_steps, summary_line, verdict_text
 
