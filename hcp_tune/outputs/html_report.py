@@ -6,8 +6,7 @@ Plots per key:
 
 - regress: the candidate/baseline step-time ratio of each layout with its bootstrap
   interval, the no-change line and the tolerance band (a verdict needs the whole interval
-  on one side of its edges); and
-  every per-trial median of each layout under both tags.
+  on one side of its edges); and every per-trial median of each layout under both tags.
 - report: step time against peak memory of each layout with the Pareto front drawn; the
   spread of each layout's measured steps (every step of every ok trial, median ticked);
   predicted against measured step time where the cost model has a prediction.

@@ -54,8 +54,8 @@ def next_steps(report: Comparison) -> list[str]:
     """What settles the inconclusive layouts, and why memory was not judged where it was not."""
     o = report.options
     out = [f"to settle, measure more (a sweep resumes: only the missing trials run; add the "
-           f"executor/container overrides the sweep ran with): {sweep_command(key, tag, n)}"
-           for key, tag, n in settle_plan(report)]
+           f"executor/container overrides the sweep ran with; or regress ... settle=true): "
+           f"{sweep_command(key, tag, n)}" for key, tag, n in settle_plan(report)]
     for c in report.inconclusive:
         if not c.needed:
             out.append(f"{key_text(c.key)} {c.layout}: inconclusive, and the change is about "
