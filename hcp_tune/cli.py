@@ -39,7 +39,8 @@ commands:
             e.g. recommend cluster=local model=tiny cp=4 seq=2048
   trial     run one layout once on this machine and print its result
             e.g. trial cp=4 seq=2048 model=tiny cluster=local a2a=2
-  regress   compare two env tags' stored trials (ratios, intervals, verdicts; exit 1 if flagged)
+  regress   compare two env tags' stored trials (ratios, intervals, verdicts; exit 1 a
+            confirmed change, 4 inconclusive: measure more, or settle=true does it)
             e.g. regress baseline=te-2.9 candidate=te-2.10 results_dir=results
   report    an HTML page of a sweep's results (time vs memory, Pareto front, spreads)
             e.g. report results_dir=results env_tag=te-2.9

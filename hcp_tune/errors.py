@@ -10,6 +10,7 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1  # validate found at least one error in the user's Bridge config
 EXIT_USAGE = 2  # bad input: override, config file, profile, preset, missing file
 EXIT_NOT_FOUND = 3  # recommend: no measured row for the asked key
+EXIT_INCONCLUSIVE = 4  # regress: nothing confirmed, but a layout needs more trials to decide
 
 
 class HcpError(ValueError):

@@ -6,7 +6,8 @@ import each other). Fixtures live in conftest.py, which uses these.
   does not need the tests folder on its path (conftest registers this module)
 - sweeps through the CLI in real processes (``hcp``, ``start``, ``wait_for``, ``rows``, ...)
 - recorded-style rows written by the store's own ``trial_row`` (``row``, ``rows_for``,
-  ``store``) and bare rows for the ranking (``bare_row``)
+  ``store``; ``CUDA_MEM``/``CPU_MEM`` the jobs' memory notes), the committed pool of
+  recorded CPU trials (``pool_rows``) and bare rows for the ranking (``bare_row``)
 - cost-model candidates (``cand``) and a payload run with the orchestrator's libraries
   blocked (``run_pickled_payload``)
 """
@@ -157,10 +158,15 @@ def ctrl_c_once_submitted(res: Path, *args) -> tuple[list[dict], set[str]]:
 FP = {"torch": "2.13.0", "transformer_engine": "2.9.0", "megatron_core": "0.16.1",
       "hosts": ["node1"], "settings": {}, "inject_delay": None}
 
+CUDA_MEM = "torch.cuda.max_memory_allocated over the measured steps, max over ranks"
+CPU_MEM = ("CPU: growth of peak RSS (ru_maxrss) from before warm-up to the last step, max "
+           "over ranks; includes allocator caching, 0 if nothing new was touched")
+
 _ids = itertools.count()
 
 def row(tag: str, a2a: int, p2p: int, median: float, *, mem: int = 1 << 30, seq: int = 4096,
-        status: str = "ok", fp: dict | None = None, model: str = "tiny") -> dict:
+        status: str = "ok", fp: dict | None = None, model: str = "tiny",
+        mem_note: str = "") -> dict:
     key = SweepKey(cluster="local", model=model, tp=1, cp=a2a * p2p, seq=seq,
                    runner="attention", env_tag=tag)
     spec = TrialSpec(trial_id=f"{key.slug}-t{next(_ids):04d}-a{a2a}", a2a=a2a, p2p=p2p,
@@ -170,13 +176,24 @@ def row(tag: str, a2a: int, p2p: int, median: float, *, mem: int = 1 << 30, seq:
     result = TrialResult(
         trial_id=spec.trial_id, status=Status(status), step_times_s=steps,
         median_s=median if ok else None, p10_s=steps[0] if ok else None,
-        p90_s=steps[-1] if ok else None, peak_mem_bytes=mem if ok else None,
+        p90_s=steps[-1] if ok else None, peak_mem_bytes=mem if ok else None, mem_note=mem_note,
         verification={"groups": {"match": ok}, "numerics": {"passed": ok}},
         fingerprint=dict(FP if fp is None else fp))
     return trial_row(key, spec, result)
 
 def rows_for(tag: str, a2a: int, p2p: int, medians, **kw) -> list[dict]:
     return [row(tag, a2a, p2p, m, **kw) for m in medians]
+
+POOL = REPO / "benchmarks" / "regress_pool_rows.jsonl"
+
+def pool_rows(*tags: str) -> list[dict]:
+    """The committed pool (benchmarks/regress_pool.py): one code version measured on the
+    shared 2-core CPU in sessions pool-1..4, and delay-1..2 with HCP_TUNE_INJECT_DELAY."""
+    got = [json.loads(line) for line in POOL.read_text().splitlines() if line.strip()]
+    return [r for r in got if not tags or r["env_tag"] in tags]
+
+def retag(rows: list[dict], tag: str) -> list[dict]:
+    return [{**r, "env_tag": tag} for r in rows]
 
 def store(results_dir: Path, rows: list[dict]) -> Path:
     s = ResultStore(results_dir)

@@ -189,6 +189,10 @@ MAPPINGS = {
     "python -m hcp_tune.costmodel.calibrate rows.jsonl results_dir=results": Mapping(calibrated),
     "python -m hcp_tune regress baseline=te-2.9 candidate=te-2.10": Mapping(
         regress_without_those_tags),
+    # settle=true reads the same rows first: the same documented bad-input exit
+    "python -m hcp_tune regress baseline=te-2.9 candidate=te-2.10 settle=true "
+    "candidate_args=executor.container_image=/images/bridge-te2.10.sqsh": Mapping(
+        regress_without_those_tags),
     "python -m hcp_tune report": Mapping(report_page),
     # runner=bridge without Bridge and TE: the job's first check stops the sweep (exit 1)
     "python -m hcp_tune sweep runner=bridge cluster=dgx-h100 model=llama3-8b cp=8 seq=65536 "

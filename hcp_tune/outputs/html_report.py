@@ -4,9 +4,9 @@ One file each, inline CSS and inline SVG (``hcp_tune/outputs/svg.py``): no scrip
 image, nothing fetched, so the page opens from disk on a machine without a network.
 Plots per key:
 
-- regress: the candidate/baseline step-time ratio of each layout with its 95% bootstrap
-  interval, the no-change line and the band inside which a change is not flagged; and
-  every per-trial median of each layout under both tags.
+- regress: the candidate/baseline step-time ratio of each layout with its bootstrap
+  interval, the no-change line and the tolerance band (a verdict needs the whole interval
+  on one side of its edges); and every per-trial median of each layout under both tags.
 - report: step time against peak memory of each layout with the Pareto front drawn; the
   spread of each layout's measured steps (every step of every ok trial, median ticked);
   predicted against measured step time where the cost model has a prediction.
@@ -18,7 +18,7 @@ from typing import Optional
 
 from hcp_tune.outputs import svg
 from hcp_tune.outputs.regress import METHOD, Comparison
-from hcp_tune.outputs.regress_view import HEADERS, cells, summary_line, winner_lines
+from hcp_tune.outputs.regress_view import HEADERS, cells, next_steps, summary_line, winner_lines
 from hcp_tune.outputs.report import KeySummary
 
 CSS = """
@@ -27,6 +27,7 @@ h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 32px; } h3 { font-size
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
 td, th { border: 1px solid #ccc; padding: 3px 7px; text-align: left; }
 tr.flagged td { background: #fde8e8; font-weight: bold; }
+tr.inconclusive td { background: #fff6d6; }
 .warn { background: #fff6d6; border: 1px solid #e6c200; padding: 6px 10px; margin: 6px 0; }
 .plots { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
 .note { color: #555; font-size: 12px; }
@@ -42,10 +43,11 @@ def page(title: str, body: list[str]) -> str:
         *body, "</body></html>", ""])
 
 
-def _table(headers, rows, flagged=None) -> str:
+def _table(headers, rows, classes=None) -> str:
+    """``classes``: per row a CSS class ("flagged", "inconclusive") or "" for none."""
     out = ["<table><tr>" + "".join(f"<th>{svg.esc(h)}</th>" for h in headers) + "</tr>"]
     for i, row in enumerate(rows):
-        cls = ' class="flagged"' if flagged and flagged[i] else ""
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
         out.append(f"<tr{cls}>" + "".join(f"<td>{svg.esc(c)}</td>" for c in row) + "</tr>")
     return "\n".join(out + ["</table>"])
 
@@ -57,9 +59,10 @@ def _warnings(lines: list[str]) -> list[str]:
 def regress_page(report: Comparison) -> str:
     o = report.options
     body = [f"<p><b>{svg.esc(summary_line(report))}</b></p>"]
-    body += _warnings(winner_lines(report) + report.warnings)
+    body += _warnings(winner_lines(report) + next_steps(report) + report.warnings)
     body.append(_table(HEADERS, [cells(c) for c in report.comparisons],
-                       [c.flagged for c in report.comparisons]))
+                       ["flagged" if c.flagged else "inconclusive" if c.inconclusive else ""
+                        for c in report.comparisons]))
     body.append(f'<p class="note">method: {svg.esc(METHOD)}; bootstrap seed {o.seed}.</p>')
     for k in report.keys:
         body.append(f"<h2>{svg.esc(k.name)}</h2>")
@@ -71,8 +74,8 @@ def regress_page(report: Comparison) -> str:
             continue
         rows = [f"{c.layout} {c.comm_type}" for c in k.layouts]
         ratio = svg.RowsChart(
-            "ratio", rows, f"step time ratio {o.candidate} / {o.baseline} (95% CI; green: "
-            "not flagged)", ["ratio"], vlines=[(1.0, "no change")],
+            "ratio", rows, f"step time ratio {o.candidate} / {o.baseline} ({o.ci * 100:g}% "
+            "interval; green: the tolerance, a verdict needs the whole interval on one side)", ["ratio"], vlines=[(1.0, "no change")],
             bands=[(i, 1 - c.bound, 1 + c.bound) for i, c in enumerate(k.layouts)])
         for i, c in enumerate(k.layouts):
             if c.ratio is not None:

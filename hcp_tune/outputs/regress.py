@@ -15,49 +15,73 @@ The statistics (stated in every report, ``METHOD``):
   them: run the sweep again with ``search.repeats=3`` (and ``search.early_stop=false``,
   since a pruned trial is not a measurement).
 - **Ratio** = median of the candidate's per-trial medians / median of the baseline's.
-  **95% interval**: percentile bootstrap, ``BOOTSTRAP_N`` resamples of each tag's
-  per-trial medians with replacement (independently per tag), the ratio of medians of
-  each resample, its 2.5th and 97.5th percentiles; ``random.Random(seed)``, seed 0 by
-  default, so a report is reproducible.
+  **Interval** (95% by default, ``ci=``): percentile bootstrap, ``BOOTSTRAP_N`` resamples
+  of each tag's per-trial medians with replacement (independently per tag), the ratio of
+  medians of each resample; ``random.Random(seed)``, seed 0 by default, so a report is
+  reproducible.
 - **Noise floor** of a layout = the larger of the two tags' noise over their per-trial
   medians (``hcp_tune.noise.noise``: half the p10-p90 band relative to the median; the
-  allocation-to-allocation variation). **Bound** = max(threshold, noise floor).
-- **Verdict**: ``regression`` when ratio - 1 > bound; ``improvement`` (unexpected, flagged
-  like a regression, as Megatron-Bridge's performance CI does: a sudden speed-up can be CP
-  silently off) when 1 - ratio > bound; ``failing`` when the baseline measured the layout
-  and the candidate has trials of it but none ended ok; ``ok`` otherwise.
-- **Memory**: the same ratio of per-trial ``peak_mem_bytes`` medians against
-  ``mem_threshold`` and the memory noise floor; not compared when the baseline's is 0 or
-  unknown (the CPU's peak-RSS growth is often 0).
+  allocation-to-allocation variation). **Bound** (the tolerance) = max(threshold, noise
+  floor); ``noise_floor=false`` makes it the threshold alone.
+- **Verdict from the interval** (``regress_verdict.verdict``): ``regression`` when the
+  whole interval lies above 1 + bound; ``improvement`` (unexpected, flagged like a
+  regression, as Megatron-Bridge's performance CI does: a sudden speed-up can be CP
+  silently off) when it lies below 1 - bound; ``ok`` when it lies inside [1 - bound,
+  1 + bound]; a regression or improvement on fewer than ``CONFIRM_TRIALS`` (5) trials per
+  tag is not confirmed (inconclusive, 5 trials to settle it: on the shared CPU the A/A
+  false-alarm rate across sessions was 14.5% with 3 trials, at most 4.5% with 5);
+  ``inconclusive`` when the interval straddles an edge, with the trials per tag that
+  would likely settle it (``regress_verdict.trials_to_settle``) and the sweep command
+  that adds them; ``failing`` when the baseline measured the layout and the candidate has
+  trials of it but none ended ok.
+- **Memory**: judged only where both tags' rows hold a per-trial device measurement
+  (``regress_verdict.memory_not_measured``: the CUDA allocator or the device's used
+  memory, read from the row's ``mem_note``, or for an older row its fingerprint's GPU):
+  the ratio of per-trial ``peak_mem_bytes`` medians against ``mem_threshold`` and the
+  memory noise floor. Elsewhere ``n/a``, with the reason.
 - **Winner** of a key under a tag: the layout with the lowest median of per-trial medians;
   a changed winner is reported (with whether the two are within the candidate's noise),
   and does not by itself change the exit code.
+- **Exit code**: 1 when anything is confirmed (a regression, an unexpected improvement, a
+  failing layout, a memory regression); else ``EXIT_INCONCLUSIVE`` (4) when a layout is
+  inconclusive; else 0. Bad input: 2.
 """
 from __future__ import annotations
 
 import json
 import math
-import random
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hcp_tune.engine.records import OLDER_ROW_DEFAULTS, key_field
-from hcp_tune.errors import HcpError
+from hcp_tune.errors import EXIT_FINDINGS, EXIT_INCONCLUSIVE, EXIT_OK, HcpError
 from hcp_tune.noise import noise, percentile
+from hcp_tune.outputs.regress_verdict import (  # bootstrap_ratio_ci: also its old home
+    BOOTSTRAP_N,
+    CI_LEVEL,
+    bootstrap_ratio_ci,
+    memory_not_measured,
+    trials_to_settle,
+    verdict,
+)
 
 MIN_TRIALS = 3
-BOOTSTRAP_N = 2000
-CI_LEVEL = 0.95
+CONFIRM_TRIALS = 5  # a confirmed verdict needs this many per tag (the A/A false-alarm rate
+# across sessions on the shared CPU was 14.5% with 3, <= 4.5% with 5: docs/regress.md)
+MAX_TRIALS = 30  # the most trials per tag an inconclusive layout is sent back for
 COMPARED = ("cluster", "model", "tp", "pp", "cp", "seq", "runner")  # the sweep key without env_tag
 IGNORED_FINGERPRINT = ("hosts",)  # host names alone never make rows differ
 
 METHOD = (
     "unit: the trial (its median step over the measured steps, warm-up discarded); "
     f"needs >= {MIN_TRIALS} ok, verified trials per layout under each tag; ratio = median of "
-    "the candidate's per-trial medians / the baseline's; 95% interval: percentile bootstrap "
+    "the candidate's per-trial medians / the baseline's; interval: percentile bootstrap "
     f"over per-trial medians ({BOOTSTRAP_N} resamples per tag, seeded); noise floor: the larger "
-    "tag's p10-p90 half-width of per-trial medians (hcp_tune.noise); flagged when |ratio - 1| "
-    "> max(threshold, noise floor)")
+    "tag's p10-p90 half-width of per-trial medians (hcp_tune.noise); bound = max(threshold, "
+    "noise floor); REGRESSION / UNEXPECTED IMPROVEMENT only when the whole interval lies "
+    f"beyond 1 +/- bound on >= {CONFIRM_TRIALS} trials per tag, ok when it lies inside, "
+    "INCONCLUSIVE when it straddles an edge (or lies beyond on fewer trials); "
+    "memory judged only on per-trial device readings")
 
 
 class RegressError(HcpError):
@@ -73,12 +97,25 @@ class Options:
     cluster: Optional[str] = None
     model: Optional[str] = None
     seed: int = 0
+    ci: float = CI_LEVEL  # the interval's coverage
+    noise_floor: bool = True  # the bound is max(threshold, noise floor); False: threshold
+    max_trials: int = MAX_TRIALS  # an inconclusive layout needing more is "about the bound"
+    confirm_trials: int = CONFIRM_TRIALS  # trials per tag a REGRESSION/IMPROVEMENT needs
 
     def __post_init__(self) -> None:
         for name in ("threshold", "mem_threshold"):
             value = getattr(self, name)
             if not 0 <= value < math.inf:
                 raise RegressError(f"{name}={value}: expected a fraction >= 0 (0.05 is 5%)")
+        if not 0.5 <= self.ci < 1:
+            raise RegressError(f"ci={self.ci}: expected the interval's coverage, a fraction "
+                               "in [0.5, 1), e.g. ci=0.95")
+        if not MIN_TRIALS <= self.confirm_trials <= self.max_trials:
+            raise RegressError(f"confirm_trials={self.confirm_trials}: expected an integer "
+                               f"from {MIN_TRIALS} to max_trials ({self.max_trials})")
+        if self.max_trials < MIN_TRIALS:
+            raise RegressError(f"max_trials={self.max_trials}: expected an integer >= "
+                               f"{MIN_TRIALS} (regress needs {MIN_TRIALS} trials per tag)")
         if self.baseline == self.candidate:
             raise RegressError(f"baseline={self.baseline} and candidate={self.candidate} are the "
                                "same tag: compare two env tags")
@@ -98,11 +135,14 @@ class LayoutComparison:
     ci: tuple[Optional[float], Optional[float]]
     noise_floor: float
     bound: float
-    verdict: str  # ok | regression | improvement | failing
+    verdict: str  # ok | regression | improvement | inconclusive | failing
     base_mem: Optional[float] = None
     cand_mem: Optional[float] = None
     mem_ratio: Optional[float] = None
     mem_verdict: str = "n/a"  # ok | regression | n/a
+    mem_reason: str = ""  # why n/a
+    needed: Optional[int] = None  # inconclusive: trials per tag that would likely settle it
+    stored: tuple[int, int] = (0, 0)  # rows of this layout under each tag (a sweep's repeats count them)
 
     @property
     def layout(self) -> str:
@@ -110,7 +150,12 @@ class LayoutComparison:
 
     @property
     def flagged(self) -> bool:
-        return self.verdict != "ok" or self.mem_verdict == "regression"
+        """Confirmed: the evidence says it changed (not merely inconclusive)."""
+        return self.verdict not in ("ok", "inconclusive") or self.mem_verdict == "regression"
+
+    @property
+    def inconclusive(self) -> bool:
+        return self.verdict == "inconclusive"
 
 
 @dataclass(frozen=True)
@@ -145,8 +190,15 @@ class Comparison:
         return [c for c in self.comparisons if c.flagged]
 
     @property
+    def inconclusive(self) -> list[LayoutComparison]:
+        return [c for c in self.comparisons if c.inconclusive and not c.flagged]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.flagged else 0
+        """1 confirmed, 4 (``EXIT_INCONCLUSIVE``) nothing confirmed but some inconclusive, 0."""
+        if self.flagged:
+            return EXIT_FINDINGS
+        return EXIT_INCONCLUSIVE if self.inconclusive else EXIT_OK
 
 
 def key_text(key: tuple) -> str:
@@ -175,31 +227,26 @@ def usable(row: dict[str, Any]) -> bool:
             and isinstance(m, (int, float)) and not math.isnan(m) and m > 0)
 
 
-def bootstrap_ratio_ci(base: list[float], cand: list[float], *, seed: int,
-                       n: int = BOOTSTRAP_N, level: float = CI_LEVEL) -> tuple[float, float]:
-    """Percentile-bootstrap interval of median(cand)/median(base), resampling each tag's
-    per-trial medians with replacement, independently."""
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(n):
-        b = [base[rng.randrange(len(base))] for _ in base]
-        c = [cand[rng.randrange(len(cand))] for _ in cand]
-        ratios.append(percentile(c, 50) / percentile(b, 50))
-    tail = (1 - level) / 2 * 100
-    return percentile(ratios, tail), percentile(ratios, 100 - tail)
-
-
 def _median(values: list[float]) -> Optional[float]:
     return percentile(values, 50) if values else None
 
 
-def _mem_values(rows: list[dict[str, Any]]) -> list[float]:
-    out = []
-    for r in rows:
-        v = r.get("peak_mem_bytes")
-        if isinstance(v, (int, float)) and not math.isnan(v):
-            out.append(float(v))
-    return out
+def _memory(base_ok: list[dict], cand_ok: list[dict], opts: Options) -> dict[str, Any]:
+    """The memory fields of a comparison: a verdict only when every usable row of both
+    tags holds a per-trial device reading, else ``n/a`` and the first reason."""
+    for r in base_ok + cand_ok:
+        why = memory_not_measured(r, fingerprint_of(r))
+        if why:
+            return dict(mem_reason=f"{r.get('env_tag')}: {why}")
+    bm = [float(r["peak_mem_bytes"]) for r in base_ok]
+    cm = [float(r["peak_mem_bytes"]) for r in cand_ok]
+    mem: dict[str, Any] = dict(base_mem=_median(bm), cand_mem=_median(cm))
+    if not _median(bm) > 0:
+        return dict(mem, mem_reason=f"{opts.baseline}: peak memory 0")
+    mem_ratio = _median(cm) / _median(bm)
+    mem_bound = max(opts.mem_threshold, noise(bm), noise(cm))
+    return dict(mem, mem_ratio=mem_ratio,
+                mem_verdict="regression" if mem_ratio - 1 > mem_bound else "ok")
 
 
 def compare_layout(key: tuple, base_rows: list[dict], cand_rows: list[dict],
@@ -211,25 +258,23 @@ def compare_layout(key: tuple, base_rows: list[dict], cand_rows: list[dict],
     c = [float(r["median_s"]) for r in cand_ok]
     common = dict(key=key, a2a=int(first["a2a"]), p2p=int(first["p2p"]),
                   comm_type=first.get("comm_type", ""), base_s=tuple(b), cand_s=tuple(c))
+    common["stored"] = (len(base_rows), len(cand_rows))
     if not c:  # the baseline measured it (checked by the caller); the candidate fails it
         return LayoutComparison(**common, ratio=None, ci=(None, None), noise_floor=0.0,
                                 bound=opts.threshold, verdict="failing")
     ratio = _median(c) / _median(b)
     seed = opts.seed + hash_key(key, common["a2a"])  # one stream per layout: stable order
-    ci = bootstrap_ratio_ci(b, c, seed=seed)
+    ci = bootstrap_ratio_ci(b, c, seed=seed, level=opts.ci)
     floor = max(noise(b), noise(c))
-    bound = max(opts.threshold, floor)
-    verdict = ("regression" if ratio - 1 > bound else
-               "improvement" if 1 - ratio > bound else "ok")
-    bm, cm = _mem_values(base_ok), _mem_values(cand_ok)
-    mem = dict(base_mem=_median(bm), cand_mem=_median(cm))
-    if bm and cm and _median(bm) > 0:
-        mem_ratio = _median(cm) / _median(bm)
-        mem_bound = max(opts.mem_threshold, noise(bm), noise(cm))
-        mem.update(mem_ratio=mem_ratio,
-                   mem_verdict="regression" if mem_ratio - 1 > mem_bound else "ok")
+    bound = max(opts.threshold, floor) if opts.noise_floor else opts.threshold
+    said = verdict(ci[0], ci[1], bound)
+    needed = None
+    if said in ("regression", "improvement") and min(len(b), len(c)) < opts.confirm_trials:
+        said, needed = "inconclusive", opts.confirm_trials  # beyond, but on too few trials
+    elif said == "inconclusive":
+        needed = trials_to_settle(b, c, ratio, bound, level=opts.ci, cap=opts.max_trials)
     return LayoutComparison(**common, ratio=ratio, ci=ci, noise_floor=floor, bound=bound,
-                            verdict=verdict, **mem)
+                            verdict=said, needed=needed, **_memory(base_ok, cand_ok, opts))
 
 
 def hash_key(key: tuple, a2a: int) -> int:

@@ -2,18 +2,23 @@
 
 Both take plain ``key=value`` arguments (not Hydra: they read what sweeps stored and need
 no profile). Neither imports torch or pandas. A bad argument is a ``RegressError`` (exit
-2, one line); ``regress`` exits 1 when anything is flagged, 0 otherwise.
+2, one line); ``regress`` exits 1 when a change is confirmed, 4 when nothing is confirmed
+but a layout is inconclusive, 0 otherwise (``Comparison.exit_code``).
 """
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 from hcp_tune.outputs.regress import RegressError
 from hcp_tune.spec import atomic_write_text
 
 REGRESS_KEYS = ("baseline", "candidate", "results_dir", "cluster", "model", "threshold",
-                "mem_threshold", "seed")
+                "mem_threshold", "seed", "ci", "noise_floor", "max_trials", "settle",
+                "candidate_args", "baseline_args", "confirm_trials")
 REPORT_KEYS = ("results_dir", "env_tag", "cluster", "model", "out")
 
 
@@ -47,6 +52,14 @@ def _rows(results_dir: Path) -> list[dict]:
     return rows
 
 
+def _flag(args: dict[str, str], key: str, default: bool) -> bool:
+    value = args.get(key, str(default)).lower()
+    if value not in ("true", "false"):
+        raise RegressError(f"{key}={args[key]!r}: expected true or false, e.g. "
+                           f"{key}={str(default).lower()}")
+    return value == "true"
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
@@ -62,15 +75,48 @@ def cmd_regress(args: list[str]) -> int:
     opts = regress.Options(
         baseline=a["baseline"], candidate=a["candidate"], cluster=a.get("cluster"),
         model=a.get("model"), threshold=_number(a, "threshold", 0.05),
-        mem_threshold=_number(a, "mem_threshold", 0.05), seed=_number(a, "seed", 0, int))
+        mem_threshold=_number(a, "mem_threshold", 0.05), seed=_number(a, "seed", 0, int),
+        ci=_number(a, "ci", regress.CI_LEVEL), noise_floor=_flag(a, "noise_floor", True),
+        max_trials=_number(a, "max_trials", regress.MAX_TRIALS, int),
+        confirm_trials=_number(a, "confirm_trials", regress.CONFIRM_TRIALS, int))
     results_dir = Path(a.get("results_dir", "results")).resolve()
-    report = regress.compare(_rows(results_dir), opts)
+    if _flag(a, "settle", False):
+        report = _settle(a, opts, results_dir)
+    else:
+        for key in ("candidate_args", "baseline_args"):
+            if key in a:
+                raise RegressError(f"{key}={a[key]}: only used with settle=true (the sweeps "
+                                   "that settle inconclusive layouts); add settle=true")
+        report = regress.compare(_rows(results_dir), opts)
     stem = results_dir / f"regress-{slug(opts.baseline)}-vs-{slug(opts.candidate)}"
     md, page = stem.with_suffix(".md"), stem.with_suffix(".html")
     atomic_write_text(str(md), regress_view.markdown(report))
     atomic_write_text(str(page), html_report.regress_page(report))
     regress_view.print_report(report, [str(md), str(page)])
     return report.exit_code
+
+
+def _settle(a: dict[str, str], opts, results_dir: Path):
+    """``settle=true``: sweeps as child processes into the same results_dir (the candidate
+    in this environment, the baseline only with ``baseline_args=``)."""
+    from hcp_tune.outputs.regress_settle import settle
+
+    def split(key: str) -> list[str]:
+        try:
+            return shlex.split(a[key]) + [f"results_dir={results_dir}"]
+        except ValueError as e:
+            raise RegressError(f"{key}={a[key]!r}: {e}; expected sweep overrides, e.g. "
+                               f"{key}='executor=local'") from None
+
+    def run_sweep(args: list[str]) -> int:
+        sys.stdout.flush()
+        return subprocess.run([sys.executable, "-m", "hcp_tune", *args]).returncode
+
+    report, _ = settle(lambda: _rows(results_dir), run_sweep, opts,
+                       candidate_args=split("candidate_args") if "candidate_args" in a
+                       else [f"results_dir={results_dir}"],
+                       baseline_args=split("baseline_args") if "baseline_args" in a else None)
+    return report
 
 
 def cmd_report(args: list[str]) -> int:

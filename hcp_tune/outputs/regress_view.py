@@ -9,8 +9,9 @@ from typing import Optional
 
 from hcp_tune.noise import percentile
 from hcp_tune.outputs.regress import METHOD, Comparison, LayoutComparison, key_text
+from hcp_tune.outputs.regress_settle import settle_plan, sweep_command
 
-HEADERS = ("key", "layout", "trials b/c", "baseline s", "candidate s", "ratio", "95% CI",
+HEADERS = ("key", "layout", "trials b/c", "baseline s", "candidate s", "ratio", "interval",
            "noise", "verdict", "mem ratio", "mem")
 
 
@@ -23,6 +24,9 @@ def pct(v: Optional[float]) -> str:
 
 
 def verdict_text(c: LayoutComparison) -> str:
+    if c.inconclusive:
+        return (f"INCONCLUSIVE (~{c.needed} trials/tag)" if c.needed else
+                "INCONCLUSIVE (change about the bound)")
     return {"regression": "REGRESSION", "improvement": "UNEXPECTED IMPROVEMENT",
             "failing": "FAILING (no ok trial)"}.get(c.verdict, "ok")
 
@@ -46,13 +50,36 @@ def winner_lines(report: Comparison) -> list[str]:
     return out
 
 
+def next_steps(report: Comparison) -> list[str]:
+    """What settles the inconclusive layouts, and why memory was not judged where it was not."""
+    o = report.options
+    out = [f"to settle, measure more (a sweep resumes: only the missing trials run; add the "
+           f"executor/container overrides the sweep ran with; or regress ... settle=true): "
+           f"{sweep_command(key, tag, n)}" for key, tag, n in settle_plan(report)]
+    for c in report.inconclusive:
+        if not c.needed:
+            out.append(f"{key_text(c.key)} {c.layout}: inconclusive, and the change is about "
+                       f"the size of the bound ({pct(c.bound)}): more than {o.max_trials} "
+                       "trials per tag would likely be needed (max_trials=)")
+    reasons: dict[str, list[str]] = {}
+    for c in report.comparisons:
+        if c.mem_verdict == "n/a" and c.mem_reason:
+            reasons.setdefault(c.mem_reason, []).append(c.layout)
+    out += [f"memory not judged for {', '.join(layouts)}: {why}"
+            for why, layouts in reasons.items()]
+    return out
+
+
 def summary_line(report: Comparison) -> str:
     o = report.options
-    flagged = report.flagged
-    what = (f"{len(flagged)} of {len(report.comparisons)} key/layout(s) flagged"
-            if flagged else f"no regression in {len(report.comparisons)} key/layout(s)")
+    flagged, unsure, n = report.flagged, report.inconclusive, len(report.comparisons)
+    what = (f"{len(flagged)} of {n} key/layout(s) flagged" if flagged
+            else f"no confirmed change in {n} key/layout(s)" if unsure
+            else f"no regression in {n} key/layout(s)")
+    if unsure:
+        what += f"; {len(unsure)} inconclusive (measure more)"
     return (f"regress {o.baseline} -> {o.candidate}: {what} (threshold {pct(o.threshold)}, "
-            f"memory {pct(o.mem_threshold)})")
+            f"{o.ci * 100:g}% interval, memory {pct(o.mem_threshold)}; exit {report.exit_code})")
 
 
 def print_report(report: Comparison, written: list[str]) -> None:
@@ -68,9 +95,11 @@ def print_report(report: Comparison, written: list[str]) -> None:
         for h in HEADERS[1:]:
             table.add_column(h)
         for c in k.layouts:
-            table.add_row(*cells(c)[1:], style="bold red" if c.flagged else None)
+            table.add_row(*cells(c)[1:], style="bold red" if c.flagged else
+                          "yellow" if c.inconclusive else None)
         out.print(table)
-    for line in winner_lines(report) + [f"warning: {w}" for w in report.warnings]:
+    for line in (winner_lines(report) + next_steps(report)
+                 + [f"warning: {w}" for w in report.warnings]):
         print(line)
     print(f"method: {METHOD}")
     print(summary_line(report))
@@ -88,6 +117,9 @@ def markdown(report: Comparison) -> str:
              summary_line(report), ""]
     if report.warnings:
         lines += ["## Warnings", ""] + [f"- {_md_escape(w)}" for w in report.warnings] + [""]
+    steps = next_steps(report)
+    if steps:
+        lines += ["## Next steps", ""] + [f"- {_md_escape(x)}" for x in steps] + [""]
     changed = winner_lines(report)
     lines += ["## Winners", ""]
     for k in report.keys:

@@ -5,9 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import FP, rows_for, store  # noqa: E402
+from helpers import CUDA_MEM, FP, rows_for, store  # noqa: E402
 
 from hcp_tune.outputs.regress import (  # noqa: E402
+    CONFIRM_TRIALS,
     MIN_TRIALS,
     Options,
     RegressError,
@@ -17,6 +18,7 @@ from hcp_tune.outputs.regress import (  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = [1.00, 1.01, 0.99]
+BASE5 = [1.00, 1.01, 0.99, 1.005, 0.995]  # a confirmed verdict needs 5 trials per tag
 OPTS = Options(baseline="old", candidate="new")
 
 
@@ -28,13 +30,14 @@ def only(report):
 def test_no_change_is_ok_and_exit_0():
     rep = compare(rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, [1.005, 0.995, 1.01]), OPTS)
     c = only(rep)
-    assert c.verdict == "ok" and c.mem_verdict == "ok"
-    assert c.ci[0] <= c.ratio <= c.ci[1] and c.ci[0] < 1 < c.ci[1]
+    assert c.verdict == "ok" and c.mem_verdict == "n/a"  # a row without a device reading
+    assert 1 - c.bound <= c.ci[0] <= c.ratio <= c.ci[1] <= 1 + c.bound and c.ci[0] < 1 < c.ci[1]
     assert rep.exit_code == 0 and not rep.warnings
 
 
 def test_real_slowdown_is_a_regression_with_an_interval_above_one():
-    rep = compare(rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, [1.20, 1.21, 1.19]), OPTS)
+    rep = compare(rows_for("old", 2, 2, BASE5)
+                  + rows_for("new", 2, 2, [1.20, 1.21, 1.19, 1.2, 1.2]), OPTS)
     c = only(rep)
     assert c.verdict == "regression"
     assert c.ratio == pytest.approx(1.20 / 1.00)
@@ -42,24 +45,27 @@ def test_real_slowdown_is_a_regression_with_an_interval_above_one():
     assert rep.exit_code == 1
 
 
-def test_change_within_noise_is_not_flagged_though_above_threshold():
+def test_change_within_noise_is_inconclusive_not_flagged_though_above_threshold():
     noisy = [1.0, 1.3, 0.8]  # p10-p90 half-width 20% of the median
     rep = compare(rows_for("old", 2, 2, noisy) + rows_for("new", 2, 2, [1.1, 1.35, 0.9]), OPTS)
     c = only(rep)
     assert c.ratio - 1 > OPTS.threshold
-    assert c.noise_floor == pytest.approx(0.2)
-    assert c.verdict == "ok" and rep.exit_code == 0
+    assert c.noise_floor == pytest.approx(0.2) and c.bound == pytest.approx(0.2)
+    assert c.ci[0] < 1 + c.bound < c.ci[1]  # the interval straddles the tolerance
+    assert c.verdict == "inconclusive" and not c.flagged
+    assert rep.exit_code == 4
 
 
 def test_speedup_beyond_the_bound_is_an_unexpected_improvement():
-    rep = compare(rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, [0.8, 0.81, 0.79]), OPTS)
+    rep = compare(rows_for("old", 2, 2, BASE5) + rows_for("new", 2, 2, [0.8, 0.81, 0.79] + [0.8] * 2),
+                  OPTS)
     assert only(rep).verdict == "improvement"
     assert rep.exit_code == 1
 
 
 def test_memory_regression_is_flagged_when_time_is_unchanged():
-    rep = compare(rows_for("old", 2, 2, BASE, mem=1000) + rows_for("new", 2, 2, BASE, mem=1100),
-                  OPTS)
+    rep = compare(rows_for("old", 2, 2, BASE, mem=1000, mem_note=CUDA_MEM)
+                  + rows_for("new", 2, 2, BASE, mem=1100, mem_note=CUDA_MEM), OPTS)
     c = only(rep)
     assert c.verdict == "ok"
     assert c.mem_ratio == pytest.approx(1.1) and c.mem_verdict == "regression"
@@ -67,16 +73,18 @@ def test_memory_regression_is_flagged_when_time_is_unchanged():
 
 
 def test_memory_within_threshold_and_zero_baseline_are_not_flagged():
-    within = compare(rows_for("old", 2, 2, BASE, mem=1000) + rows_for("new", 2, 2, BASE, mem=1040),
-                     OPTS)
+    within = compare(rows_for("old", 2, 2, BASE, mem=1000, mem_note=CUDA_MEM)
+                     + rows_for("new", 2, 2, BASE, mem=1040, mem_note=CUDA_MEM), OPTS)
     assert only(within).mem_verdict == "ok"
-    zero = compare(rows_for("old", 2, 2, BASE, mem=0) + rows_for("new", 2, 2, BASE, mem=4096), OPTS)
+    zero = compare(rows_for("old", 2, 2, BASE, mem=0, mem_note=CUDA_MEM)
+                   + rows_for("new", 2, 2, BASE, mem=4096, mem_note=CUDA_MEM), OPTS)
     assert only(zero).mem_verdict == "n/a" and zero.exit_code == 0
+    assert only(zero).mem_reason == "old: peak memory 0"
 
 
 def test_changed_winner_is_reported_per_key():
-    rows = (rows_for("old", 1, 4, [1.0, 1.0, 1.0]) + rows_for("old", 4, 1, [1.2, 1.2, 1.2])
-            + rows_for("new", 1, 4, [1.3, 1.3, 1.3]) + rows_for("new", 4, 1, [1.2, 1.2, 1.2]))
+    rows = (rows_for("old", 1, 4, [1.0] * 5) + rows_for("old", 4, 1, [1.2] * 5)
+            + rows_for("new", 1, 4, [1.3] * 5) + rows_for("new", 4, 1, [1.2] * 5))
     rep = compare(rows, OPTS)
     (key,) = rep.keys
     assert (key.base_winner, key.cand_winner) == ("[1,4]", "[4,1]")
@@ -110,6 +118,15 @@ def test_too_few_trials_is_refused_naming_the_layout_and_counts(n_old, n_new):
 
 def test_exactly_three_trials_is_enough():
     assert compare(rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, BASE), OPTS).comparisons
+
+
+@pytest.mark.parametrize("n,verdict", [(3, "inconclusive"), (4, "inconclusive"), (5, "regression")])
+def test_a_slowdown_is_confirmed_only_on_five_trials_per_tag(n, verdict):
+    rep = compare(rows_for("old", 2, 2, BASE5[:n]) + rows_for("new", 2, 2, [1.3] * n), OPTS)
+    c = only(rep)
+    assert c.ci[0] > 1 + c.bound  # the interval is past the bound every time
+    assert c.verdict == verdict and rep.exit_code == {3: 4, 4: 4, 5: 1}[n]
+    assert c.needed == (5 if n < 5 else None)
 
 
 def test_failed_trials_do_not_count_and_a_layout_that_now_fails_is_flagged():
@@ -192,8 +209,8 @@ def run(*args, cwd=REPO):
 
 @pytest.fixture
 def results(tmp_path):
-    rows = (rows_for("old", 1, 4, BASE) + rows_for("old", 4, 1, BASE)
-            + rows_for("new", 1, 4, [1.3, 1.31, 1.29]) + rows_for("new", 4, 1, BASE)
+    rows = (rows_for("old", 1, 4, BASE5) + rows_for("old", 4, 1, BASE)
+            + rows_for("new", 1, 4, [1.3, 1.31, 1.29, 1.3, 1.3]) + rows_for("new", 4, 1, BASE)
             + rows_for("few", 1, 4, BASE[:2]))
     return store(tmp_path / "res", rows)
 
@@ -203,7 +220,7 @@ def test_cli_flags_a_regression_exit_1_and_writes_md_and_html(results):
     assert r.returncode == 1, r.stderr
     assert "1 of 2 key/layout(s) flagged" in r.stdout and "REGRESSION" in r.stdout
     md = (results / "regress-old-vs-new.md").read_text()
-    assert "| [1,4] p2p | 3/3 | 1 | 1.3 | 1.300 |" in md
+    assert "| [1,4] p2p | 5/5 | 1 | 1.3 | 1.300 |" in md
     assert "winner changed" not in md and "## Method" in md
     assert "<svg" in (results / "regress-old-vs-new.html").read_text()
 
@@ -228,6 +245,13 @@ def test_cli_no_regression_exits_0(results):
      "unknown env tag(s) old, new (with model=llama3-8b)"),
     (["baseline=old", "candidate=old"], "are the same tag"),
     (["baseline=old", "candidate=new", "seed=x"], "seed='x': expected an integer, e.g. seed=0"),
+    (["baseline=old", "candidate=new", "ci=95"], "ci=95.0: expected the interval's coverage"),
+    (["baseline=old", "candidate=new", "noise_floor=maybe"],
+     "noise_floor='maybe': expected true or false, e.g. noise_floor=true"),
+    (["baseline=old", "candidate=new", "max_trials=2"], "confirm_trials=5: expected an integer from 3 to max_trials (2)"),
+    (["baseline=old", "candidate=new", "confirm_trials=2"], "confirm_trials=2: expected an integer from 3"),
+    (["baseline=old", "candidate=new", "candidate_args=executor=local"],
+     "candidate_args=executor=local: only used with settle=true"),
 ])
 def test_cli_bad_input_exits_2_with_one_line_and_nothing_written(results, args, message):
     r = run("regress", *args, f"results_dir={results}")
@@ -235,6 +259,31 @@ def test_cli_bad_input_exits_2_with_one_line_and_nothing_written(results, args, 
     assert message in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not list(results.glob("regress-*"))
+
+
+def test_cli_inconclusive_exits_4_and_prints_the_sweep_that_settles_it(tmp_path):
+    res = store(tmp_path / "res", rows_for("old", 2, 2, [1.0, 1.05, 0.95])
+                + rows_for("new", 2, 2, [1.15, 1.2, 1.1]))
+    r = run("regress", "baseline=old", "candidate=new", f"results_dir={res}")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "no confirmed change in 1 key/layout(s); 1 inconclusive (measure more)" in r.stdout
+    assert ("python -m hcp_tune sweep cluster=local model=tiny tp=1 cp=4 seq=4096 "
+            "runner=attention env_tag=new search.repeats=") in r.stdout
+    md = (res / "regress-old-vs-new.md").read_text()
+    assert "## Next steps" in md and "INCONCLUSIVE (~" in md
+
+
+def test_cli_settle_passes_a_sweeps_refusal_on_as_exit_2(tmp_path):
+    res = store(tmp_path / "res", rows_for("old", 2, 2, [1.0, 1.05, 0.95])
+                + rows_for("new", 2, 2, [1.15, 1.2, 1.1]))
+    r = run("regress", "baseline=old", "candidate=new", f"results_dir={res}", "settle=true",
+            "candidate_args=executor=local executor.no_such_key=1")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "executor.no_such_key" in r.stderr  # the sweep's own line
+    assert ("settle: `python -m hcp_tune sweep executor=local executor.no_such_key=1 "
+            f"results_dir={res} cluster=local model=tiny tp=1 cp=4 seq=4096 runner=attention "
+            "env_tag=new search.repeats=") in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_cli_empty_results_dir_exits_2(tmp_path):
@@ -277,11 +326,11 @@ def test_recommend_warns_about_rows_with_an_injected_delay(tmp_path):
             "(HCP_TUNE_INJECT_DELAY=a2a:1)") in r.stderr
 
 
-def test_te_regression_preset_measures_every_layout_three_times():
+def test_te_regression_preset_measures_every_layout_enough_times_to_confirm():
     from hcp_tune import config
 
     cfg = config.load(["sweeps=te_regression"])
-    assert cfg.search.repeats == MIN_TRIALS and cfg.search.early_stop is False
+    assert cfg.search.repeats == CONFIRM_TRIALS and cfg.search.early_stop is False
     assert cfg.runner.name == "attention" and len(cfg.seqs) >= 2
     script = (REPO / "scripts" / "te_regression.sh").read_text()
     assert "MODELS=(llama3-8b llama2-7b)" in script and "CPS=(4 16)" in script

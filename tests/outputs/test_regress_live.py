@@ -1,23 +1,22 @@
 """One live check of ``regress`` with the CPU attention runner: two env tags of cluster=local
 model=tiny cp=2 seq=64, 3 trials per layout each, the candidate's with
-``HCP_TUNE_INJECT_DELAY=p2p:0.2`` (0.2 s before each of the ring's 4 transfers per step:
-about 0.8 s against a step of a few to 30 milliseconds). The slowdown must be flagged on the
-layout with a ring level, [1,2], and not on pure a2a, [2,1].
+``HCP_TUNE_INJECT_DELAY=p2p:0.2`` (0.2 s before each of the ring's transfers). What the
+test proves is the plumbing: the knob reaches the ring layout's trials through the local
+executor (each of them takes at least the injected sleep, a floor no load can lower), the
+fingerprint records it, and ``regress`` reads both tags, warns about the delay and exits
+with the code its verdicts give. It asserts no verdict: a verdict on live CPU timings
+depends on the machine's load; the verdicts are tested on recorded rows, including this
+scenario's recorded pool (benchmarks/regress_pool_rows.jsonl, delay-1 and delay-2).
 
 The candidate is measured the way a user would: ``python -m hcp_tune sweep ...
 executor=local search.repeats=3`` with the knob in its environment (so the knob reaches
 the job through the executor and the fingerprint through the store). The baseline's 6
 trials run interleaved ([1,2], [2,1], [1,2], ...) in one set of local processes
 (``launch.run_local_batch``, the launcher the local executor runs) to keep the test near
-a minute on a shared 2-core machine. The threshold is 900% (flag only a 10x change): the
-delay makes a ring step some 25-100x slower, while a few-millisecond CPU step measured in
-a fresh job can be 3-10x slower than in warm shared processes (seen in CI: a baseline
-ring step of 24-34 ms, against 0.23 s with a 0.05 s delay, was under 10x). What the
-test proves is which layouts the injected delay reaches, not the CPU's run-to-run noise.
+a minute on a shared 2-core machine.
 """
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -57,7 +56,7 @@ def measure(results: Path, tag: str, monkeypatch) -> None:
 
 
 @pytest.mark.multiproc
-def test_injected_p2p_delay_is_flagged_on_ring_layouts_only(tmp_path, monkeypatch):
+def test_injected_p2p_delay_reaches_ring_trials_and_regress_reads_them(tmp_path, monkeypatch):
     results = tmp_path / "results"
     measure(results, "base", monkeypatch)
     sweep = subprocess.run(
@@ -71,22 +70,20 @@ def test_injected_p2p_delay_is_flagged_on_ring_layouts_only(tmp_path, monkeypatc
     assert delays == {("base", None), ("slow", DELAY)}
     assert all("settings" in json.loads(r["fingerprint"]) for r in rows)
 
-    rep = regress.compare(rows, regress.Options(baseline="base", candidate="slow",
-                                                threshold=9.0))
-    verdicts = {c.layout: c.verdict for c in rep.comparisons}
-    assert verdicts == {"[1,2]": "regression", "[2,1]": "ok"}, [
-        (c.layout, c.base_s, c.cand_s) for c in rep.comparisons]
-    ring = next(c for c in rep.comparisons if c.layout == "[1,2]")
-    assert statistics.median(ring.cand_s) / statistics.median(ring.base_s) > 10.0  # > 900%
-    # the whole interval is a slowdown (its width is the CPU's run-to-run noise: one slow
-    # few-millisecond baseline repeat under CI load widened it to 3.8x..)
-    assert ring.ci[0] > 1.0
+    # what the delay guarantees whatever the load: a sleep of 0.2 s before each ring
+    # transfer, so every delayed ring trial's step takes at least that; no verdict here
+    # (a verdict on live CPU timings depends on the machine's load: the verdicts are
+    # tested on recorded rows, tests/outputs/test_regress_verdict.py)
+    slow_ring = [r["median_s"] for r in rows if r["env_tag"] == "slow" and r["a2a"] == 1]
+    assert len(slow_ring) == REPEATS and min(slow_ring) >= 0.2, slow_ring
+    rep = regress.compare(rows, regress.Options(baseline="base", candidate="slow"))
+    assert sorted(c.layout for c in rep.comparisons) == ["[1,2]", "[2,1]"]
     assert any(f"HCP_TUNE_INJECT_DELAY={DELAY}" in w for w in rep.warnings)
 
     cli = subprocess.run(
         [sys.executable, "-m", "hcp_tune", "regress", "baseline=base", "candidate=slow",
-         "threshold=9.0", f"results_dir={results}"], capture_output=True, text=True,
+         f"results_dir={results}"], capture_output=True, text=True,
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
-    assert cli.returncode == 1, cli.stdout + cli.stderr
-    assert "1 of 2 key/layout(s) flagged" in cli.stdout
+    assert cli.returncode == rep.exit_code and cli.returncode in (0, 1, 4), cli.stdout + cli.stderr
+    assert "regress base -> slow:" in cli.stdout
     assert (results / "regress-base-vs-slow.html").exists()
