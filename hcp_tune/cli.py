@@ -218,10 +218,10 @@ def cmd_recommend(args: list[str]) -> int:
     recs = ResultStore(cfg.results_dir).recommendations()
     rec, near = recommend.answer(recs, want)
     if rec:  # a row measured with HCP_TUNE_INJECT_DELAY is a test, never a recommendation
-        from hcp_tune.engine.store import SweepKey, key_rows
+        from hcp_tune.engine.store import SweepKey
         from hcp_tune.outputs.regress import injected_warnings
 
-        rows = key_rows(ResultStore(cfg.results_dir).rows(), SweepKey.of(rec))
+        rows = ResultStore(cfg.results_dir).key_rows(SweepKey.of(rec))
         for line in injected_warnings(rows):
             print(f"recommend: warning: {line}", file=sys.stderr)
     from hcp_tune.costmodel import predict

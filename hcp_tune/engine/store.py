@@ -154,10 +154,12 @@ class ResultStore:
         row = row.to_dict() if isinstance(row, TrialRow) else row
         atomic_write_text(str(self.row_path(key, row["trial_id"])), row_text(row))
 
-    def _files(self) -> list[tuple[Path, str, TrialRow]]:
-        """Every readable row file: (path, text, row). Raises ``ResultsTooNew``."""
+    def _files(self, key: Optional[SweepKey] = None) -> list[tuple[Path, str, TrialRow]]:
+        """Every readable row file (``key``: only that key's folder, ``rows/<slug>/``):
+        (path, text, row). Raises ``ResultsTooNew``."""
         out = []
-        for path in sorted((self.root / "rows").glob("*/*.json")):
+        pattern = f"{key.slug}/*.json" if key is not None else "*/*.json"
+        for path in sorted((self.root / "rows").glob(pattern)):
             try:
                 text = path.read_text()
                 raw = json.loads(text)
@@ -175,8 +177,11 @@ class ResultStore:
         return [row.to_dict() for _, _, row in self._files()]
 
     def key_rows(self, key: SweepKey) -> list[dict[str, Any]]:
-        """The rows of one sweep key, selected by its fields."""
-        return key_rows(self.rows(), key)
+        """The rows of one sweep key, selected by its fields. Reads only the key's folder
+        (``rows/<slug>/``: every writer files a row under its key's slug, and a rebuild
+        moves a row the studies hold there), so its cost is the key's rows, not the
+        folder's."""
+        return key_rows([row.to_dict() for _, _, row in self._files(key)], key)
 
     def rebuild(self, storage: Any = None) -> tuple[Path, Path]:
         """Under the lock: import row files the studies lack (a folder written by an older
@@ -189,25 +194,33 @@ class ResultStore:
         storage = storage or self.storage or self.root / "optuna.journal"
         with self._lock():
             ledger = tuner.Ledger(storage)
-            held = ledger.rows()
+            names = ledger.names()
+            held = ledger.rows(names)
             orphans: dict[str, list[dict[str, Any]]] = {}
-            for _, _, row in self._files():
+            on_disk: dict[Path, str] = {}  # each row file is read once
+            for path, text, row in self._files():
+                on_disk[path] = text
                 name = SweepKey.of(row.to_dict()).name
                 if (name, row.trial_id) not in held:
                     orphans.setdefault(name, []).append(json.loads(row_text(row.to_dict())))
             for name, key_rows in orphans.items():
                 ledger.import_rows(name, key_rows)
             if orphans:
-                held = ledger.rows()
+                names = ledger.names()
+                held = ledger.rows(names)
             views = []
             for (name, trial_id), text in held.items():
                 row = TrialRow.from_dict(json.loads(text), where=f"{storage}: study {name}")
                 path = self.row_path(SweepKey.of(row.to_dict()), trial_id)
-                if not path.exists() or path.read_text() != text:
+                if on_disk.get(path) != text:
                     atomic_write_text(str(path), text)
                 views.append((path, row.to_dict()))
             rows = [r for _, r in sorted(views, key=lambda v: v[0])]
-            pareto = {name: ledger.pareto(name) for name in {n for n, _ in held}}
+            # one pass over the studies: asking ``ledger.pareto`` per study made the
+            # rebuild quadratic in studies (each call listed every study)
+            held_names = {n for n, _ in held}
+            known = set(names)
+            pareto = {name: ledger.pareto(name, known) for name in held_names}
             extra = [k for r in rows for k in r if k not in TRIAL_COLUMNS]
             trials = pd.DataFrame(rows, columns=[*TRIAL_COLUMNS, *dict.fromkeys(extra)])
             recs = pd.DataFrame(recommendations(trials.to_dict("records"), pareto),

@@ -18,7 +18,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -237,20 +237,22 @@ class Ledger:
     def study(self, name: str) -> optuna.Study:
         return optuna.load_study(study_name=name, storage=self.storage)
 
-    def rows(self) -> dict[tuple[str, str], str]:
+    def rows(self, names: Optional[list[str]] = None) -> dict[tuple[str, str], str]:
         """(study name, trial id) -> row text; of several trials with one id (a layout
-        skipped again), the latest."""
+        skipped again), the latest. ``names``: the studies (default every one)."""
         out: dict[tuple[str, str], str] = {}
-        for name in self.names():
+        for name in self.names() if names is None else names:
             for t in self.study(name).get_trials(deepcopy=False):
                 text = row_text_of(t)
                 if text is not None:
                     out[(name, t.user_attrs["trial_id"])] = text
         return out
 
-    def pareto(self, name: str) -> str:
-        """The study's Pareto front as ``"[1,4] [2,2]"`` ("" without such a study)."""
-        if name not in self.names():
+    def pareto(self, name: str, names: Optional[Collection[str]] = None) -> str:
+        """The study's Pareto front as ``"[1,4] [2,2]"`` ("" without such a study);
+        ``names``: the storage's study names when the caller has them (listing them costs
+        every study's summary)."""
+        if name not in (self.names() if names is None else names):
             return ""
         return " ".join(f"[{a},{p}]" for a, p in pareto_layouts(self.study(name)))
 

@@ -68,8 +68,11 @@ def _steps(row: dict[str, Any]) -> list[float]:
     return [float(v) for v in vals if isinstance(v, (int, float))]
 
 
-def _predict(key: dict[str, Any], layouts: list[LayoutSummary], results_dir) -> str:
-    """Fill ``predicted_s`` from the cost model; the label, or '' when it cannot predict."""
+def _predict(key: dict[str, Any], layouts: list[LayoutSummary], results_dir,
+             clusters: Optional[dict[str, Any]] = None) -> str:
+    """Fill ``predicted_s`` from the cost model; the label, or '' when it cannot predict.
+    ``clusters``: cluster profiles loaded so far, by name (one report loads each once: a
+    load composes the Hydra config, ~0.1 s, which per key made a report of many keys slow)."""
     from hcp_tune.costmodel import calibrate
     from hcp_tune.costmodel.formulas import CostParams, label_for
 
@@ -78,9 +81,12 @@ def _predict(key: dict[str, Any], layouts: list[LayoutSummary], results_dir) -> 
               or CostParams())
     try:
         fitted = calibrate.fit_report(rows, params)
-        from hcp_tune import config
+        clusters = {} if clusters is None else clusters
+        if key["cluster"] not in clusters:
+            from hcp_tune import config
 
-        cluster = config.load([f"cluster={key['cluster']}"]).cluster
+            clusters[key["cluster"]] = config.load([f"cluster={key['cluster']}"]).cluster
+        cluster = clusters[key["cluster"]]
     except (ValueError, KeyError, TypeError):  # an unknown profile or model: no prediction
         return ""
     for s, p in zip(layouts, fitted.per_row):
@@ -98,6 +104,7 @@ def summarize(rows: list[dict[str, Any]], *, results_dir=None, env_tag: Optional
             continue
         groups.setdefault(tuple(r.get(k) for k in KEY_FIELDS), []).append(r)
     out = []
+    clusters: dict[str, Any] = {}  # cluster profiles, each loaded once (``_predict``)
     for key, key_rows in sorted(groups.items(), key=lambda kv: str(kv[0])):
         by_layout: dict[int, list[dict[str, Any]]] = {}
         not_ok: dict[str, int] = {}
@@ -120,6 +127,6 @@ def summarize(rows: list[dict[str, Any]], *, results_dir=None, env_tag: Optional
         ks = KeySummary(dict(zip(KEY_FIELDS, key)), layouts, not_ok,
                         injected=sum(bool(fingerprint_of(r).get("inject_delay")) for r in key_rows))
         if predictions and layouts:
-            ks.prediction_label = _predict(ks.key, layouts, results_dir)
+            ks.prediction_label = _predict(ks.key, layouts, results_dir, clusters)
         out.append(ks)
     return out
