@@ -154,11 +154,11 @@ class ResultStore:
         row = row.to_dict() if isinstance(row, TrialRow) else row
         atomic_write_text(str(self.row_path(key, row["trial_id"])), row_text(row))
 
-    def _files(self, key: Optional[SweepKey] = None) -> list[tuple[Path, str, TrialRow]]:
-        """Every readable row file (``key``: only that key's folder, ``rows/<slug>/``):
+    def _files(self, slug: Optional[str] = None) -> list[tuple[Path, str, TrialRow]]:
+        """Every readable row file (``slug``: only that key's folder, ``rows/<slug>/``):
         (path, text, row). Raises ``ResultsTooNew``."""
         out = []
-        pattern = f"{key.slug}/*.json" if key is not None else "*/*.json"
+        pattern = f"{slug}/*.json" if slug is not None else "*/*.json"
         for path in sorted((self.root / "rows").glob(pattern)):
             try:
                 text = path.read_text()
@@ -181,7 +181,33 @@ class ResultStore:
         (``rows/<slug>/``: every writer files a row under its key's slug, and a rebuild
         moves a row the studies hold there), so its cost is the key's rows, not the
         folder's."""
-        return key_rows([row.to_dict() for _, _, row in self._files(key)], key)
+        return key_rows([row.to_dict() for _, _, row in self._files(key.slug)], key)
+
+    def folder_keys(self) -> dict[str, SweepKey]:
+        """Each row folder (by slug) and the key its rows belong to, read from one readable
+        row of it (every row in ``rows/<slug>/`` is that key's): what a folder holds,
+        without reading every row."""
+        out: dict[str, SweepKey] = {}
+        for folder in sorted((self.root / "rows").glob("*/")):
+            for path in sorted(folder.glob("*.json")):
+                try:
+                    raw = json.loads(path.read_text())
+                    out[folder.name] = SweepKey.of(raw)
+                    break
+                except (OSError, json.JSONDecodeError, TypeError, AttributeError):
+                    continue  # a foreign or damaged file: ask the next one
+        return out
+
+    def tag_rows(self, env_tags: set[str]) -> list[dict[str, Any]]:
+        """The rows of the keys measured under ``env_tags``, in ``rows()``'s order: reads
+        those keys' folders only (``report env_tag=X`` and ``regress`` cost the tags they
+        name, not every night the folder holds)."""
+        out = []
+        for slug, key in self.folder_keys().items():
+            if str(key.env_tag) in env_tags:
+                out += [row.to_dict() for _, _, row in self._files(slug)
+                        if str(row.env_tag) in env_tags]
+        return out
 
     def rebuild(self, storage: Any = None) -> tuple[Path, Path]:
         """Under the lock: import row files the studies lack (a folder written by an older

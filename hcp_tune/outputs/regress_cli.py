@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Optional
 
 from hcp_tune.outputs.regress import RegressError
 from hcp_tune.spec import atomic_write_text
@@ -37,9 +38,15 @@ def _number(args: dict[str, str], key: str, default, kind=float):
         raise RegressError(f"{key}={args[key]!r}: expected {what}, e.g. {key}={default}") from None
 
 
-def _rows(results_dir: Path) -> list[dict]:
+def _rows(results_dir: Path, env_tags: Optional[set[str]] = None) -> list[dict]:
+    """The stored rows (``env_tags``: of those tags' keys only, reading only their folders;
+    when one of them has no rows, every row, so that the error lists the tags there)."""
     from hcp_tune.engine.store import ResultStore
 
+    if env_tags:
+        rows = ResultStore(results_dir).tag_rows(env_tags)
+        if {str(r.get("env_tag")) for r in rows} >= env_tags:
+            return rows
     rows = ResultStore(results_dir).rows()
     if not rows:
         raise RegressError(f"results_dir={results_dir}: no stored trials there (rows/*/*.json); "
@@ -64,7 +71,10 @@ def cmd_regress(args: list[str]) -> int:
         model=a.get("model"), threshold=_number(a, "threshold", 0.05),
         mem_threshold=_number(a, "mem_threshold", 0.05), seed=_number(a, "seed", 0, int))
     results_dir = Path(a.get("results_dir", "results")).resolve()
-    report = regress.compare(_rows(results_dir), opts)
+    try:
+        report = regress.compare(_rows(results_dir, {opts.baseline, opts.candidate}), opts)
+    except RegressError:  # raised again from every row: the message lists every tag there
+        report = regress.compare(_rows(results_dir), opts)
     stem = results_dir / f"regress-{slug(opts.baseline)}-vs-{slug(opts.candidate)}"
     md, page = stem.with_suffix(".md"), stem.with_suffix(".html")
     atomic_write_text(str(md), regress_view.markdown(report))
@@ -78,11 +88,11 @@ def cmd_report(args: list[str]) -> int:
 
     a = parse_args("report", args, REPORT_KEYS)
     results_dir = Path(a.get("results_dir", "results")).resolve()
-    rows = _rows(results_dir)
+    rows = _rows(results_dir, {a["env_tag"]} if "env_tag" in a else None)
     keys = report.summarize(rows, results_dir=results_dir, env_tag=a.get("env_tag"),
                             cluster=a.get("cluster"), model=a.get("model"))
     if not keys:
-        tags = sorted({str(r.get("env_tag")) for r in rows})
+        tags = sorted({str(r.get("env_tag")) for r in _rows(results_dir)})
         raise RegressError(f"no stored trials match {' '.join(f'{k}={a[k]}' for k in a if k in ('env_tag', 'cluster', 'model'))}"
                            f" in {results_dir}; env tags there: {', '.join(tags)}")
     name = f"report-{slug(a['env_tag'])}.html" if "env_tag" in a else "report.html"

@@ -201,3 +201,27 @@ def test_a_keys_rows_are_read_from_its_folder_alone(tmp_path):
     assert len(store.key_rows(keys[0])) == 4
     with pytest.raises(ResultsTooNew, match="schema 99"):
         store.rows()
+
+
+def test_a_tags_rows_are_read_from_its_keys_folders_alone(tmp_path):
+    """``ResultStore.tag_rows`` (report env_tag=X, regress) selects what filtering every row
+    by tag selects, in the same order, and never opens another tag's folder."""
+    import json
+
+    store = ResultStore(tmp_path)
+    keys = [SweepKey("local", "tiny", tp, 4, seq, "attention", tag)
+            for tag in ("night-1", "night-2", "night-3") for tp in (1, 2) for seq in (1024, 2048)]
+    for i, key in enumerate(keys):
+        for a2a in (1, 2, 4):
+            store.add(row(a2a, 1.0 + a2a, key=key, n=i), key)
+    store.row_path(keys[0], "zz-damaged").write_text("{not json")  # a damaged file
+    every = store.rows()
+    for tags in ({"night-1"}, {"night-2", "night-3"}, {"nope"}):
+        assert store.tag_rows(tags) == [r for r in every if r["env_tag"] in tags]
+    assert {k.env_tag for k in store.folder_keys().values()} == {"night-1", "night-2", "night-3"}
+    newer = row(1, 1.0, key=keys[-1], n=50)  # night-3
+    store.row_path(keys[-1], newer["trial_id"]).write_text(
+        json.dumps({**newer, "schema_version": 99}))
+    assert len(store.tag_rows({"night-1"})) == 12
+    with pytest.raises(ResultsTooNew, match="schema 99"):
+        store.tag_rows({"night-3"})
