@@ -214,8 +214,10 @@ def table(results: list[dict], ops: list[str]) -> str:
 
 
 def stamp(argv: list[str], load_start, load_end) -> str:
+    # run from an exported copy (``git archive``), the commit comes in HCP_TUNE_COMMIT
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+                            capture_output=True, text=True).stdout.strip() \
+        or os.environ.get("HCP_TUNE_COMMIT", "unknown")
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"],
                            capture_output=True, text=True).stdout.strip()
     cpu = next((line.split(":", 1)[1].strip() for line in

@@ -212,12 +212,33 @@ class LayoutStudy:
         return {int(t.params["a2a"]) for t in self.study.best_trials if "a2a" in t.params}
 
 
+def pareto_front(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The COMPLETE trials no other COMPLETE trial dominates on (step time, peak memory),
+    both minimised: what ``study.best_trials`` returns for these two objectives, in trial
+    order, without its deep copy of every trial (whose rows made a rebuild slow) and in
+    n log n (sorted by time, a trial is on the front when its memory is below that of every
+    strictly faster trial, and the least among the equally fast)."""
+    done = sorted((t for t in trials if t.state is TrialState.COMPLETE and t.values),
+                  key=lambda t: (t.values[0], t.values[1]))
+    front, best_faster, i = [], math.inf, 0
+    while i < len(done):
+        j = i
+        while j < len(done) and done[j].values[0] == done[i].values[0]:
+            j += 1
+        least = done[i].values[1]  # the least memory at this step time (sorted)
+        if least < best_faster:
+            front += [t for t in done[i:j] if t.values[1] == least]
+        best_faster = min(best_faster, least)
+        i = j
+    return sorted(front, key=lambda t: t.number)
+
+
 def pareto_layouts(study: optuna.Study) -> list[tuple[int, int]]:
     """``(a2a, p2p)`` layouts on the study's (step time, peak memory) Pareto front
-    (``study.best_trials``), by a2a. Only trials holding a row count: a trial told before
+    (``pareto_front``), by a2a. Only trials holding a row count: a trial told before
     rows rode on trials has an imported twin with the same values."""
     out = set()
-    for t in study.best_trials:
+    for t in pareto_front(study.get_trials(deepcopy=False)):
         layout = t.user_attrs.get("layout") if row_text_of(t) is not None else None
         if isinstance(layout, str):
             a2a, p2p = json.loads(layout)
