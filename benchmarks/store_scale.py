@@ -256,12 +256,13 @@ def main() -> None:
     for shape_name in a.shapes.split(","):
         for n in map(int, a.sizes.split(",")):
             results.append(run_size(shape_name, n, ops, a.timeout_s))
-    text = table(results, ops)
-    print(text)
-    load_end = tuple(round(x, 2) for x in os.getloadavg())
-    argv = sys.argv[1:]
-    Path(a.out).write_text("# Results folder scale (benchmarks/store_scale.py)\n\n"
-                           + stamp(argv, load_start, load_end) + "\n" + text + "\n")
+            # written after each size: a run stopped part way keeps what it measured
+            load_end = tuple(round(x, 2) for x in os.getloadavg())
+            text = table(results, ops)
+            Path(a.out).write_text("# Results folder scale (benchmarks/store_scale.py)\n\n"
+                                   + stamp(sys.argv[1:], load_start, load_end) + "\n"
+                                   + text + "\n")
+    print(table(results, ops))
     print(f"wrote {a.out}")
 
 
