@@ -7,7 +7,10 @@ Layout of a results folder:
 - ``rows/<sweep-key-hash>/<trial-id>.json``: one file per finished trial, written
   atomically the moment its result is known (before it is told to the study, so a killed
   orchestrator loses nothing) and rewritten from the studies by ``rebuild``: a view,
-  read by everyone through ``ResultStore.rows()``. Files the studies lack (an older
+  read through ``ResultStore.rows()``, or only the folders a command needs (``key_rows``:
+  one key's; ``tag_rows``: the keys of some env tags, found from one row per folder), so
+  that what ``recommend``, ``report env_tag=X``, ``regress`` and resume planning cost does
+  not grow with every night the folder holds. Files the studies lack (an older
   hcp-tune's folder) are imported into them once.
 - ``trials.csv`` and ``recommendations.csv``: tables rebuilt from the studies under an
   exclusive lock (``.lock``) and replaced atomically, so a reader sees the old table or
