@@ -54,3 +54,17 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path):
         out = hcp("results", *args)
         assert out.returncode == 2 and message in out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_results_never_opens_the_journal_nor_imports_torch_or_pandas(tmp_path):
+    """It answers from the row folders: optuna (the journal's reader), pandas and torch stay
+    unimported, and a journal that is not valid JSON does not matter."""
+    root = store(tmp_path / "res", rows_for("night-1", 1, 2, [1.0]))
+    (root / "optuna.journal").write_text("not a journal\n")
+    code = ("import sys; from hcp_tune.cli import main; rc = main(['results', %r]); "
+            "bad = {'optuna', 'pandas', 'torch'} & set(sys.modules); "
+            "assert not bad, bad; sys.exit(rc)" % f"results_dir={root}")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "1 trial(s) in 1 key(s)" in r.stdout
