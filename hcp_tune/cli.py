@@ -44,6 +44,8 @@ commands:
             e.g. regress baseline=te-2.9 candidate=te-2.10 results_dir=results
   report    an HTML page of a sweep's results (time vs memory, Pareto front, spreads)
             e.g. report results_dir=results env_tag=te-2.9
+  results   what a results folder holds: per env tag its keys, trials and size
+            e.g. results results_dir=results [format=json]
 
 overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] cluster=dgx-h200
 model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true
@@ -219,10 +221,10 @@ def cmd_recommend(args: list[str]) -> int:
     recs = ResultStore(cfg.results_dir).recommendations()
     rec, near = recommend.answer(recs, want)
     if rec:  # a row measured with HCP_TUNE_INJECT_DELAY is a test, never a recommendation
-        from hcp_tune.engine.store import SweepKey, key_rows
+        from hcp_tune.engine.store import SweepKey
         from hcp_tune.outputs.regress import injected_warnings
 
-        rows = key_rows(ResultStore(cfg.results_dir).rows(), SweepKey.of(rec))
+        rows = ResultStore(cfg.results_dir).key_rows(SweepKey.of(rec))
         for line in injected_warnings(rows):
             print(f"recommend: warning: {line}", file=sys.stderr)
     from hcp_tune.costmodel import predict
@@ -278,6 +280,12 @@ def cmd_recommend(args: list[str]) -> int:
     return EXIT_OK if rec else EXIT_NOT_FOUND
 
 
+def cmd_results(args: list[str]) -> int:
+    from hcp_tune.outputs.folder import cmd_results as results
+
+    return results(args)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "plan": cmd_plan,
     "validate": cmd_validate,
@@ -287,6 +295,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "predict": cmd_predict,
     "regress": cmd_regress,
     "report": cmd_report,
+    "results": cmd_results,
 }
 
 

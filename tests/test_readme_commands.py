@@ -186,7 +186,7 @@ MAPPINGS = {
         found_recommendation, SMALL),
     "python -m hcp_tune trial cp=4 seq=2048 model=tiny cluster=local a2a=2": Mapping(
         ok_trial, SMALL, FAST),
-    "python -m hcp_tune.costmodel.calibrate rows.jsonl results_dir=results": Mapping(calibrated),
+    "python -m hcp_tune.calibrate rows.jsonl results_dir=results": Mapping(calibrated),
     "python -m hcp_tune regress baseline=te-2.9 candidate=te-2.10": Mapping(
         regress_without_those_tags),
     # settle=true reads the same rows first: the same documented bad-input exit
@@ -247,14 +247,14 @@ def test_extraction_joins_lines_drops_quotes_comments_and_set_up():
         "# a comment\n"
         "python3 -m venv .venv && .venv/bin/python -m hcp_tune sweep cp=8 seq=131072\n"
         "python -m hcp_tune validate a=1 \\\n    \"b=[2,4]\" c=3\n"
-        "python -m hcp_tune.costmodel.calibrate rows.jsonl   # trailing comment\n"
+        "python -m hcp_tune.calibrate rows.jsonl   # trailing comment\n"
         "python benchmarks/calibrate_cpu.py\n"
         "hcp-tune plan cp=2\n"
         "```\n")
     assert readme_commands(text) == [
         ("hcp_tune", "sweep", "cp=8", "seq=131072"),
         ("hcp_tune", "validate", "a=1", "b=[2,4]", "c=3"),
-        ("hcp_tune.costmodel.calibrate", "rows.jsonl"),
+        ("hcp_tune.calibrate", "rows.jsonl"),
         ("hcp_tune", "plan", "cp=2"),
     ]
 

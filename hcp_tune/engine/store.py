@@ -7,7 +7,10 @@ Layout of a results folder:
 - ``rows/<sweep-key-hash>/<trial-id>.json``: one file per finished trial, written
   atomically the moment its result is known (before it is told to the study, so a killed
   orchestrator loses nothing) and rewritten from the studies by ``rebuild``: a view,
-  read by everyone through ``ResultStore.rows()``. Files the studies lack (an older
+  read through ``ResultStore.rows()``, or only the folders a command needs (``key_rows``:
+  one key's; ``tag_rows``: the keys of some env tags, found from one row per folder), so
+  that what ``recommend``, ``report env_tag=X``, ``regress`` and resume planning cost does
+  not grow with every night the folder holds. Files the studies lack (an older
   hcp-tune's folder) are imported into them once.
 - ``trials.csv`` and ``recommendations.csv``: tables rebuilt from the studies under an
   exclusive lock (``.lock``) and replaced atomically, so a reader sees the old table or
@@ -154,10 +157,12 @@ class ResultStore:
         row = row.to_dict() if isinstance(row, TrialRow) else row
         atomic_write_text(str(self.row_path(key, row["trial_id"])), row_text(row))
 
-    def _files(self) -> list[tuple[Path, str, TrialRow]]:
-        """Every readable row file: (path, text, row). Raises ``ResultsTooNew``."""
+    def _files(self, slug: Optional[str] = None) -> list[tuple[Path, str, TrialRow]]:
+        """Every readable row file (``slug``: only that key's folder, ``rows/<slug>/``):
+        (path, text, row). Raises ``ResultsTooNew``."""
         out = []
-        for path in sorted((self.root / "rows").glob("*/*.json")):
+        pattern = f"{slug}/*.json" if slug is not None else "*/*.json"
+        for path in sorted((self.root / "rows").glob(pattern)):
             try:
                 text = path.read_text()
                 raw = json.loads(text)
@@ -175,8 +180,37 @@ class ResultStore:
         return [row.to_dict() for _, _, row in self._files()]
 
     def key_rows(self, key: SweepKey) -> list[dict[str, Any]]:
-        """The rows of one sweep key, selected by its fields."""
-        return key_rows(self.rows(), key)
+        """The rows of one sweep key, selected by its fields. Reads only the key's folder
+        (``rows/<slug>/``: every writer files a row under its key's slug, and a rebuild
+        moves a row the studies hold there), so its cost is the key's rows, not the
+        folder's."""
+        return key_rows([row.to_dict() for _, _, row in self._files(key.slug)], key)
+
+    def folder_keys(self) -> dict[str, SweepKey]:
+        """Each row folder (by slug) and the key its rows belong to, read from one readable
+        row of it (every row in ``rows/<slug>/`` is that key's): what a folder holds,
+        without reading every row."""
+        out: dict[str, SweepKey] = {}
+        for folder in sorted((self.root / "rows").glob("*/")):
+            for path in sorted(folder.glob("*.json")):
+                try:
+                    raw = json.loads(path.read_text())
+                    out[folder.name] = SweepKey.of(raw)
+                    break
+                except (OSError, json.JSONDecodeError, TypeError, AttributeError):
+                    continue  # a foreign or damaged file: ask the next one
+        return out
+
+    def tag_rows(self, env_tags: set[str]) -> list[dict[str, Any]]:
+        """The rows of the keys measured under ``env_tags``, in ``rows()``'s order: reads
+        those keys' folders only (``report env_tag=X`` and ``regress`` cost the tags they
+        name, not every night the folder holds)."""
+        out = []
+        for slug, key in self.folder_keys().items():
+            if str(key.env_tag) in env_tags:
+                out += [row.to_dict() for _, _, row in self._files(slug)
+                        if str(row.env_tag) in env_tags]
+        return out
 
     def rebuild(self, storage: Any = None) -> tuple[Path, Path]:
         """Under the lock: import row files the studies lack (a folder written by an older
@@ -189,25 +223,33 @@ class ResultStore:
         storage = storage or self.storage or self.root / "optuna.journal"
         with self._lock():
             ledger = tuner.Ledger(storage)
-            held = ledger.rows()
+            names = ledger.names()
+            held = ledger.rows(names)
             orphans: dict[str, list[dict[str, Any]]] = {}
-            for _, _, row in self._files():
+            on_disk: dict[Path, str] = {}  # each row file is read once
+            for path, text, row in self._files():
+                on_disk[path] = text
                 name = SweepKey.of(row.to_dict()).name
                 if (name, row.trial_id) not in held:
                     orphans.setdefault(name, []).append(json.loads(row_text(row.to_dict())))
             for name, key_rows in orphans.items():
                 ledger.import_rows(name, key_rows)
             if orphans:
-                held = ledger.rows()
+                names = ledger.names()
+                held = ledger.rows(names)
             views = []
             for (name, trial_id), text in held.items():
                 row = TrialRow.from_dict(json.loads(text), where=f"{storage}: study {name}")
                 path = self.row_path(SweepKey.of(row.to_dict()), trial_id)
-                if not path.exists() or path.read_text() != text:
+                if on_disk.get(path) != text:
                     atomic_write_text(str(path), text)
                 views.append((path, row.to_dict()))
             rows = [r for _, r in sorted(views, key=lambda v: v[0])]
-            pareto = {name: ledger.pareto(name) for name in {n for n, _ in held}}
+            # one pass over the studies: asking ``ledger.pareto`` per study made the
+            # rebuild quadratic in studies (each call listed every study)
+            held_names = {n for n, _ in held}
+            known = set(names)
+            pareto = {name: ledger.pareto(name, known) for name in held_names}
             extra = [k for r in rows for k in r if k not in TRIAL_COLUMNS]
             trials = pd.DataFrame(rows, columns=[*TRIAL_COLUMNS, *dict.fromkeys(extra)])
             recs = pd.DataFrame(recommendations(trials.to_dict("records"), pareto),

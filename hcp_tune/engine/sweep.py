@@ -268,10 +268,13 @@ class Sweeper:
         from hcp_tune.costmodel import predict
         from hcp_tune.engine import tuner
 
-        rows = self.store.rows()
+        # only the planned keys' rows: reading each key's folder costs what the key holds,
+        # where reading the whole folder cost every stored trial (on every resume)
+        kept_keys = kept_by_key(self.cfg)
+        rows = [r for key in kept_keys for r in self.store.key_rows(key)]
         stored_ids = {r.get("trial_id") for r in rows}
         outstanding = {}
-        for key, kept in kept_by_key(self.cfg).items():
+        for key, kept in kept_keys.items():
             study = tuner.LayoutStudy(self.storage, key.name, [c.layout.a2a for c in kept])
             study.abandon_unsubmitted()
             self.studies[key] = study

@@ -18,7 +18,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -212,12 +212,33 @@ class LayoutStudy:
         return {int(t.params["a2a"]) for t in self.study.best_trials if "a2a" in t.params}
 
 
+def pareto_front(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The COMPLETE trials no other COMPLETE trial dominates on (step time, peak memory),
+    both minimised: what ``study.best_trials`` returns for these two objectives, in trial
+    order, without its deep copy of every trial (whose rows made a rebuild slow) and in
+    n log n (sorted by time, a trial is on the front when its memory is below that of every
+    strictly faster trial, and the least among the equally fast)."""
+    done = sorted((t for t in trials if t.state is TrialState.COMPLETE and t.values),
+                  key=lambda t: (t.values[0], t.values[1]))
+    front, best_faster, i = [], math.inf, 0
+    while i < len(done):
+        j = i
+        while j < len(done) and done[j].values[0] == done[i].values[0]:
+            j += 1
+        least = done[i].values[1]  # the least memory at this step time (sorted)
+        if least < best_faster:
+            front += [t for t in done[i:j] if t.values[1] == least]
+        best_faster = min(best_faster, least)
+        i = j
+    return sorted(front, key=lambda t: t.number)
+
+
 def pareto_layouts(study: optuna.Study) -> list[tuple[int, int]]:
     """``(a2a, p2p)`` layouts on the study's (step time, peak memory) Pareto front
-    (``study.best_trials``), by a2a. Only trials holding a row count: a trial told before
+    (``pareto_front``), by a2a. Only trials holding a row count: a trial told before
     rows rode on trials has an imported twin with the same values."""
     out = set()
-    for t in study.best_trials:
+    for t in pareto_front(study.get_trials(deepcopy=False)):
         layout = t.user_attrs.get("layout") if row_text_of(t) is not None else None
         if isinstance(layout, str):
             a2a, p2p = json.loads(layout)
@@ -237,20 +258,22 @@ class Ledger:
     def study(self, name: str) -> optuna.Study:
         return optuna.load_study(study_name=name, storage=self.storage)
 
-    def rows(self) -> dict[tuple[str, str], str]:
+    def rows(self, names: Optional[list[str]] = None) -> dict[tuple[str, str], str]:
         """(study name, trial id) -> row text; of several trials with one id (a layout
-        skipped again), the latest."""
+        skipped again), the latest. ``names``: the studies (default every one)."""
         out: dict[tuple[str, str], str] = {}
-        for name in self.names():
+        for name in self.names() if names is None else names:
             for t in self.study(name).get_trials(deepcopy=False):
                 text = row_text_of(t)
                 if text is not None:
                     out[(name, t.user_attrs["trial_id"])] = text
         return out
 
-    def pareto(self, name: str) -> str:
-        """The study's Pareto front as ``"[1,4] [2,2]"`` ("" without such a study)."""
-        if name not in self.names():
+    def pareto(self, name: str, names: Optional[Collection[str]] = None) -> str:
+        """The study's Pareto front as ``"[1,4] [2,2]"`` ("" without such a study);
+        ``names``: the storage's study names when the caller has them (listing them costs
+        every study's summary)."""
+        if name not in (self.names() if names is None else names):
             return ""
         return " ".join(f"[{a},{p}]" for a, p in pareto_layouts(self.study(name)))
 

@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 from hcp_tune.outputs.regress import RegressError
 from hcp_tune.spec import atomic_write_text
@@ -42,9 +43,15 @@ def _number(args: dict[str, str], key: str, default, kind=float):
         raise RegressError(f"{key}={args[key]!r}: expected {what}, e.g. {key}={default}") from None
 
 
-def _rows(results_dir: Path) -> list[dict]:
+def _rows(results_dir: Path, env_tags: Optional[set[str]] = None) -> list[dict]:
+    """The stored rows (``env_tags``: of those tags' keys only, reading only their folders;
+    when one of them has no rows, every row, so that the error lists the tags there)."""
     from hcp_tune.engine.store import ResultStore
 
+    if env_tags:
+        rows = ResultStore(results_dir).tag_rows(env_tags)
+        if {str(r.get("env_tag")) for r in rows} >= env_tags:
+            return rows
     rows = ResultStore(results_dir).rows()
     if not rows:
         raise RegressError(f"results_dir={results_dir}: no stored trials there (rows/*/*.json); "
@@ -80,14 +87,18 @@ def cmd_regress(args: list[str]) -> int:
         max_trials=_number(a, "max_trials", regress.MAX_TRIALS, int),
         confirm_trials=_number(a, "confirm_trials", regress.CONFIRM_TRIALS, int))
     results_dir = Path(a.get("results_dir", "results")).resolve()
+    tags = {opts.baseline, opts.candidate}
     if _flag(a, "settle", False):
-        report = _settle(a, opts, results_dir)
+        report = _settle(a, opts, results_dir, tags)
     else:
         for key in ("candidate_args", "baseline_args"):
             if key in a:
                 raise RegressError(f"{key}={a[key]}: only used with settle=true (the sweeps "
                                    "that settle inconclusive layouts); add settle=true")
-        report = regress.compare(_rows(results_dir), opts)
+        try:
+            report = regress.compare(_rows(results_dir, tags), opts)
+        except RegressError:  # raised again from every row: the message lists every tag there
+            report = regress.compare(_rows(results_dir), opts)
     stem = results_dir / f"regress-{slug(opts.baseline)}-vs-{slug(opts.candidate)}"
     md, page = stem.with_suffix(".md"), stem.with_suffix(".html")
     atomic_write_text(str(md), regress_view.markdown(report))
@@ -96,7 +107,7 @@ def cmd_regress(args: list[str]) -> int:
     return report.exit_code
 
 
-def _settle(a: dict[str, str], opts, results_dir: Path):
+def _settle(a: dict[str, str], opts, results_dir: Path, tags: set[str]):
     """``settle=true``: sweeps as child processes into the same results_dir (the candidate
     in this environment, the baseline only with ``baseline_args=``)."""
     from hcp_tune.outputs.regress_settle import settle
@@ -112,7 +123,7 @@ def _settle(a: dict[str, str], opts, results_dir: Path):
         sys.stdout.flush()
         return subprocess.run([sys.executable, "-m", "hcp_tune", *args]).returncode
 
-    report, _ = settle(lambda: _rows(results_dir), run_sweep, opts,
+    report, _ = settle(lambda: _rows(results_dir, tags), run_sweep, opts,
                        candidate_args=split("candidate_args") if "candidate_args" in a
                        else [f"results_dir={results_dir}"],
                        baseline_args=split("baseline_args") if "baseline_args" in a else None)
@@ -124,11 +135,11 @@ def cmd_report(args: list[str]) -> int:
 
     a = parse_args("report", args, REPORT_KEYS)
     results_dir = Path(a.get("results_dir", "results")).resolve()
-    rows = _rows(results_dir)
+    rows = _rows(results_dir, {a["env_tag"]} if "env_tag" in a else None)
     keys = report.summarize(rows, results_dir=results_dir, env_tag=a.get("env_tag"),
                             cluster=a.get("cluster"), model=a.get("model"))
     if not keys:
-        tags = sorted({str(r.get("env_tag")) for r in rows})
+        tags = sorted({str(r.get("env_tag")) for r in _rows(results_dir)})
         raise RegressError(f"no stored trials match {' '.join(f'{k}={a[k]}' for k in a if k in ('env_tag', 'cluster', 'model'))}"
                            f" in {results_dir}; env tags there: {', '.join(tags)}")
     name = f"report-{slug(a['env_tag'])}.html" if "env_tag" in a else "report.html"

@@ -68,20 +68,35 @@ def _steps(row: dict[str, Any]) -> list[float]:
     return [float(v) for v in vals if isinstance(v, (int, float))]
 
 
-def _predict(key: dict[str, Any], layouts: list[LayoutSummary], results_dir) -> str:
-    """Fill ``predicted_s`` from the cost model; the label, or '' when it cannot predict."""
+def _predict(key: dict[str, Any], layouts: list[LayoutSummary], results_dir,
+             profiles: Optional[dict[tuple[str, str], Any]] = None) -> str:
+    """Fill ``predicted_s`` from the cost model; the label, or '' when it cannot predict.
+    ``profiles``: (cluster, model) -> their profiles (None: they do not load), filled here:
+    one report composes the Hydra config once per pair, not twice per key (~0.1-0.5 s a
+    load, which made a report of thousands of keys take an hour)."""
     from hcp_tune.costmodel import calibrate
     from hcp_tune.costmodel.formulas import CostParams, label_for
 
     rows = [{**key, "a2a": s.a2a, "p2p": s.p2p, "median_s": s.median_s} for s in layouts]
     params = (calibrate.load_params(results_dir, key["cluster"], key["env_tag"])
               or CostParams())
-    try:
-        fitted = calibrate.fit_report(rows, params)
+    profiles = {} if profiles is None else profiles
+    pair = (str(key["cluster"]), str(key["model"]))
+    if pair not in profiles:
         from hcp_tune import config
 
-        cluster = config.load([f"cluster={key['cluster']}"]).cluster
-    except (ValueError, KeyError, TypeError):  # an unknown profile or model: no prediction
+        try:
+            loaded = config.load([f"cluster={pair[0]}", f"model={pair[1]}"])
+            profiles[pair] = (loaded.cluster, loaded.model)
+        except (ValueError, KeyError, TypeError):  # an unknown profile: no prediction
+            profiles[pair] = None
+    if profiles[pair] is None:
+        return ""
+    cluster, model = profiles[pair]
+    try:
+        fitted = calibrate.fit_report(rows, params, clusters={pair[0]: cluster},
+                                      models={pair[1]: model})
+    except (ValueError, KeyError, TypeError):  # a layout the model cannot predict
         return ""
     for s, p in zip(layouts, fitted.per_row):
         s.predicted_s = p["predicted_s"]
@@ -98,6 +113,7 @@ def summarize(rows: list[dict[str, Any]], *, results_dir=None, env_tag: Optional
             continue
         groups.setdefault(tuple(r.get(k) for k in KEY_FIELDS), []).append(r)
     out = []
+    profiles: dict[tuple[str, str], Any] = {}  # each (cluster, model) loaded once (``_predict``)
     for key, key_rows in sorted(groups.items(), key=lambda kv: str(kv[0])):
         by_layout: dict[int, list[dict[str, Any]]] = {}
         not_ok: dict[str, int] = {}
@@ -120,6 +136,6 @@ def summarize(rows: list[dict[str, Any]], *, results_dir=None, env_tag: Optional
         ks = KeySummary(dict(zip(KEY_FIELDS, key)), layouts, not_ok,
                         injected=sum(bool(fingerprint_of(r).get("inject_delay")) for r in key_rows))
         if predictions and layouts:
-            ks.prediction_label = _predict(ks.key, layouts, results_dir)
+            ks.prediction_label = _predict(ks.key, layouts, results_dir, profiles)
         out.append(ks)
     return out

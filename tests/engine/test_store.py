@@ -7,6 +7,7 @@ import pytest
 from hcp_tune.engine.store import (
     RECOMMENDATION_COLUMNS,
     TRIAL_COLUMNS,
+    ResultsTooNew,
     ResultStore,
     SweepKey,
     recommendations,
@@ -169,3 +170,58 @@ def test_key_rows_selects_what_the_text_comparison_selected(tmp_path):
     for rec in recs:
         for pool in (rows, rows + old):
             assert key_rows(pool, SweepKey.of(rec)) == _same_key_by_text(pool, rec)
+
+
+def test_a_keys_rows_are_read_from_its_folder_alone(tmp_path):
+    """``ResultStore.key_rows`` reads only ``rows/<slug>/`` (what resume planning and
+    recommend cost no longer grows with the folder) and selects what the whole-folder
+    selection does, an older row without pp included."""
+    import json
+
+    store = ResultStore(tmp_path)
+    keys = [SweepKey("local", "tiny", 1, 4, seq, "attention", tag, pp=pp)
+            for seq in (1024, 2048) for tag in ("a", "b") for pp in (1, 2)]
+    for i, key in enumerate(keys):
+        for a2a in (1, 2, 4):
+            store.add(row(a2a, 1.0 + a2a, key=key, n=i), key)
+    older = row(2, 3.0, key=keys[0], n=99)
+    del older["pp"]  # written before pp joined the key: filed under the same slug
+    path = store.row_path(keys[0], older["trial_id"])
+    path.write_text(json.dumps(older))
+    every = store.rows()
+    for key in keys:
+        mine = store.key_rows(key)
+        assert mine == [r for r in every if key.holds(r)]
+        assert len(mine) == (4 if key == keys[0] else 3)
+    # a row another key's folder holds is never opened: a newer hcp-tune's row there does
+    # not stop this key's reader (the whole-folder reader refuses it)
+    newer = row(1, 1.0, key=keys[1], n=50)
+    store.row_path(keys[1], newer["trial_id"]).write_text(
+        json.dumps({**newer, "schema_version": 99}))
+    assert len(store.key_rows(keys[0])) == 4
+    with pytest.raises(ResultsTooNew, match="schema 99"):
+        store.rows()
+
+
+def test_a_tags_rows_are_read_from_its_keys_folders_alone(tmp_path):
+    """``ResultStore.tag_rows`` (report env_tag=X, regress) selects what filtering every row
+    by tag selects, in the same order, and never opens another tag's folder."""
+    import json
+
+    store = ResultStore(tmp_path)
+    keys = [SweepKey("local", "tiny", tp, 4, seq, "attention", tag)
+            for tag in ("night-1", "night-2", "night-3") for tp in (1, 2) for seq in (1024, 2048)]
+    for i, key in enumerate(keys):
+        for a2a in (1, 2, 4):
+            store.add(row(a2a, 1.0 + a2a, key=key, n=i), key)
+    store.row_path(keys[0], "zz-damaged").write_text("{not json")  # a damaged file
+    every = store.rows()
+    for tags in ({"night-1"}, {"night-2", "night-3"}, {"nope"}):
+        assert store.tag_rows(tags) == [r for r in every if r["env_tag"] in tags]
+    assert {k.env_tag for k in store.folder_keys().values()} == {"night-1", "night-2", "night-3"}
+    newer = row(1, 1.0, key=keys[-1], n=50)  # night-3
+    store.row_path(keys[-1], newer["trial_id"]).write_text(
+        json.dumps({**newer, "schema_version": 99}))
+    assert len(store.tag_rows({"night-1"})) == 12
+    with pytest.raises(ResultsTooNew, match="schema 99"):
+        store.tag_rows({"night-3"})

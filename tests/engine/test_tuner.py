@@ -116,3 +116,28 @@ def test_a_job_ended_from_outside_is_cancelled_and_measured_again(state):
     assert res.status.value == "cancelled" and res.failure_class is None
     assert res.error == (f"job ended from outside the sweep ({state}); "
                          "measured again on the next run")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pareto_front_is_optunas_best_trials(seed):
+    """``tuner.pareto_front`` (n log n, no deep copy) returns the trials optuna's
+    ``study.best_trials`` returns, ties and duplicates included, failures ignored."""
+    import random
+
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from hcp_tune.engine.tuner import pareto_front
+
+    rng = random.Random(seed)
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    study.add_trial(create_trial(values=[2.0, 20.0]))
+    for _ in range(rng.randint(0, 60)):
+        if rng.random() < 0.2:
+            study.add_trial(create_trial(state=TrialState.FAIL))
+        else:
+            study.add_trial(create_trial(values=[rng.choice([1.0, 1.5, 2.0, 2.5, 3.0]),
+                                                 rng.choice([10.0, 20.0, 30.0, 40.0])]))
+    got = [t.number for t in pareto_front(study.get_trials(deepcopy=False))]
+    assert got == sorted(t.number for t in study.best_trials)
+    assert got  # a study with a complete trial has a front

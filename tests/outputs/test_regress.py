@@ -373,3 +373,27 @@ def test_keys_differing_only_in_pp_are_never_compared_and_old_rows_are_pp_1():
     assert key_text(("c", "m", 1, 1, 4, 8, "a")) == "cluster=c model=m tp=1 cp=4 seq=8 runner=a"
     assert key_text(("c", "m", 1, 2, 4, 8, "a")) == \
         "cluster=c model=m tp=1 pp=2 cp=4 seq=8 runner=a"
+
+
+def test_report_composes_each_cluster_and_model_once_and_predicts_as_before(monkeypatch, tmp_path):
+    """A report of many keys loads each (cluster, model) profile once (a load composes the
+    Hydra config), and every key still gets its prediction; an unknown model gets none."""
+    from hcp_tune import config
+    from hcp_tune.outputs import report
+
+    rows = [r for seq in (4096, 8192, 12288) for r in
+            rows_for("t", 1, 2, BASE, seq=seq) + rows_for("t", 2, 1, BASE, seq=seq)]
+    rows += rows_for("t", 1, 2, BASE, model="no-such-model") * 2
+    calls = []
+    real_load = config.load
+    monkeypatch.setattr(config, "load", lambda args: calls.append(args) or real_load(args))
+    keys = report.summarize(rows, results_dir=tmp_path)
+    assert len(keys) == 4
+    assert sorted(map(tuple, calls)) == [("cluster=local", "model=no-such-model"),
+                                         ("cluster=local", "model=tiny")]
+    for k in keys:
+        predicted = [s.predicted_s for s in k.layouts]
+        if k.key["model"] == "tiny":
+            assert k.prediction_label and all(p and p > 0 for p in predicted)
+        else:
+            assert k.prediction_label == "" and predicted == [None]

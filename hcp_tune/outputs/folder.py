@@ -1,0 +1,81 @@
+"""``results``: what a results folder holds, per env tag: its keys, stored trials and bytes.
+
+Read from the row folders alone (``ResultStore.folder_keys``: one row per key folder names
+its key; a folder's files are its trials), never the optuna journal, whose replay grows with
+every trial ever stored: the answer costs a directory listing, not the folder's history.
+No torch, no pandas.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hcp_tune.outputs.regress import RegressError
+from hcp_tune.outputs.regress_cli import parse_args
+
+RESULTS_KEYS = ("results_dir", "format")
+
+
+@dataclass
+class TagSummary:
+    env_tag: str
+    keys: int = 0
+    trials: int = 0  # row files: measured, failed, pruned and skipped trials
+    bytes: int = 0  # of its row files
+    clusters: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+
+
+def summarize(results_dir: Path) -> dict:
+    """Per env tag, its keys, trials and row bytes; the folder's other files' bytes (the
+    journal, the tables, job logs) as ``other_bytes``."""
+    from hcp_tune.engine.store import ResultStore
+
+    store = ResultStore(results_dir)
+    tags: dict[str, TagSummary] = {}
+    row_bytes = 0
+    for slug, key in store.folder_keys().items():
+        s = tags.setdefault(str(key.env_tag), TagSummary(str(key.env_tag)))
+        files = list((results_dir / "rows" / slug).glob("*.json"))
+        size = sum(p.stat().st_size for p in files)
+        s.keys += 1
+        s.trials += len(files)
+        s.bytes += size
+        row_bytes += size
+        s.clusters = sorted({*s.clusters, str(key.cluster)})
+        s.models = sorted({*s.models, str(key.model)})
+    total = sum(p.stat().st_size for p in results_dir.rglob("*") if p.is_file())
+    journal = results_dir / "optuna.journal"
+    return {"results_dir": str(results_dir),
+            "tags": [asdict(tags[t]) for t in sorted(tags)],
+            "journal_bytes": journal.stat().st_size if journal.is_file() else 0,
+            "other_bytes": total - row_bytes, "total_bytes": total}
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def cmd_results(args: list[str]) -> int:
+    a = parse_args("results", args, RESULTS_KEYS)
+    results_dir = Path(a.get("results_dir", "results")).resolve()
+    if not results_dir.is_dir():
+        raise RegressError(f"results_dir={results_dir}: no such folder; give the folder a "
+                           "sweep wrote (results_dir=PATH)")
+    fmt = a.get("format", "table")
+    if fmt not in ("table", "json"):
+        raise RegressError(f"format={fmt!r}: expected table or json")
+    doc = summarize(results_dir)
+    if fmt == "json":
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"{results_dir}: {sum(t['trials'] for t in doc['tags'])} trial(s) in "
+          f"{sum(t['keys'] for t in doc['tags'])} key(s) under {len(doc['tags'])} env tag(s); "
+          f"{_mb(doc['total_bytes'])} ({_mb(doc['journal_bytes'])} journal)")
+    if doc["tags"]:
+        print(f"{'env_tag':<24} {'keys':>6} {'trials':>8} {'rows':>10}  clusters / models")
+    for t in doc["tags"]:
+        print(f"{t['env_tag']:<24} {t['keys']:>6} {t['trials']:>8} {_mb(t['bytes']):>10}  "
+              f"{', '.join(t['clusters'])} / {', '.join(t['models'])}")
+    return 0
