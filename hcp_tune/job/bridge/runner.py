@@ -172,7 +172,8 @@ def _run(spec: TrialSpec, res: TrialResult, env) -> TrialResult:
     res.job_id = env.job_id
     if env.world_size != spec.world_size:
         raise EnvironmentProblem(f"the launcher started {env.world_size} processes, the trial "
-                                 f"needs tp*cp = {spec.tp}*{spec.cp} = {spec.world_size}")
+                                 f"needs tp*cp*dp*pp = {spec.tp}*{spec.cp}*{spec.dp}*{spec.pp} = "
+                                 f"{spec.world_size}")
     cuda_index = bind_device(env.local_rank)  # before any CUDA object
     if cuda_index is None:
         raise EnvironmentProblem("runner=bridge needs CUDA (Bridge's initialize asserts it); "
