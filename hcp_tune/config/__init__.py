@@ -152,6 +152,13 @@ class SweepConfig:
             facts = Facts(tp=tp, heads=self.model.heads, kv_heads=self.model.kv_heads)
             problems += [f"tp={tp}: {f.text} (model={self.model.name})"
                          for f in evaluate(facts, (BY_ID["heads-tp"],))]
+        if (self.runner.name == "bridge" and self.dtype == "fp32" and self.cp > 1
+                and self.cluster.device == "cuda"):
+            problems.append(
+                f"dtype=fp32 with runner=bridge on cluster={self.cluster.name} (a GPU profile): "
+                "Transformer Engine turns its flash and fused attention off in fp32 and its "
+                "unfused attention has no context parallelism, so no backend can run cp="
+                f"{self.cp}; use dtype=bf16 (Bridge's bf16_mixed) or dtype=fp16")
         if problems:
             raise ConfigError("\n".join(problems))
 
