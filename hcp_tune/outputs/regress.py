@@ -48,7 +48,8 @@ from hcp_tune.noise import noise, percentile
 MIN_TRIALS = 3
 BOOTSTRAP_N = 2000
 CI_LEVEL = 0.95
-COMPARED = ("cluster", "model", "tp", "pp", "cp", "seq", "runner")  # the sweep key without env_tag
+# the sweep key without env_tag
+COMPARED = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "dp", "mbs", "micro_batches")
 IGNORED_FINGERPRINT = ("hosts",)  # host names alone never make rows differ
 
 METHOD = (

@@ -1,4 +1,5 @@
 """Result storage: atomic rows, derived tables, ranking, ties, concurrent writers."""
+import dataclasses
 import multiprocessing as mp
 
 import pandas as pd
@@ -169,3 +170,18 @@ def test_key_rows_selects_what_the_text_comparison_selected(tmp_path):
     for rec in recs:
         for pool in (rows, rows + old):
             assert key_rows(pool, SweepKey.of(rec)) == _same_key_by_text(pool, rec)
+
+
+def test_dp_mbs_and_micro_batches_join_the_key_and_older_rows_read_as_1():
+    """issue 19: keys that differ in dp, mbs or m are never mixed (resume, recommend,
+    regress all select through SweepKey.holds); a row stored before has none of them."""
+    old = {"cluster": "local", "model": "tiny", "tp": 1, "cp": 4, "seq": 2048,
+           "runner": "attention", "env_tag": "default"}
+    base = SweepKey("local", "tiny", 1, 4, 2048, "attention", "default")
+    assert base.holds(old) and base.name == "|".join(f"{k}={v}" for k, v in old.items()
+                                                     if k != "env_tag") + "|env_tag=default"
+    for change in ({"dp": 2}, {"mbs": 2}, {"micro_batches": 8}):
+        other = dataclasses.replace(base, **change)
+        assert not other.holds(old) and other.holds({**old, **change})
+        assert other.slug != base.slug
+    assert SweepKey.of(old) == base
