@@ -102,6 +102,10 @@ class TrialRow:
     log_path: str = ""
     # rank 0's seconds per phase (start, groups, proof, warmup, measure)
     phases_s: str = "{}"
+    # runner=bridge: the micro-batches per step the trial ran (the key's micro_batches is
+    # the user's m; costmodel.microbatch fits a layout's steps at two of these); None on
+    # the attention runner and on rows stored before
+    measured_micro_batches: Optional[int] = None
     schema_version: int = ROW_SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 

@@ -121,6 +121,7 @@ def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any)
         job_id=result.job_id or "",
         log_path=result.log_path or "",
         phases_s=json.dumps(result.phases_s, sort_keys=True),
+        measured_micro_batches=max(1, spec.micro_batches) if spec.runner == "bridge" else None,
         extra=extra,
     ).to_dict()
 

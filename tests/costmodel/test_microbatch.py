@@ -27,7 +27,9 @@ def bridge_row(a2a: int, p2p: int, m: int, step_s: float, *, pp: int = PP, n: li
     res = TrialResult(trial_id=spec.trial_id, status=Status.OK, median_s=step_s,
                       step_times_s=[step_s] * 3, verification={"cp_active": {
                           "checked": True, "problems": []}})
-    return trial_row(key, spec, res, measured_micro_batches=m)
+    row = trial_row(key, spec, res)
+    assert row["measured_micro_batches"] == m  # what the trial ran, from its spec
+    return row
 
 
 @pytest.mark.parametrize("pp,user_m,points", [
