@@ -16,8 +16,9 @@ set here is checked against the field names read from those sources
 (``tests/data/bridge_fields.json``, written by ``scripts/bridge_fields.py``).
 
 No model download: scratch mode builds a ``GPTModelProvider`` with the model spec's
-dimensions; ``recipe`` mode starts from a named Bridge recipe function (which may load a
-Hugging Face config) and sets only the layout, run-length and dataset fields on it.
+dimensions; ``recipe`` mode starts from a named Bridge recipe function, its Hugging Face
+config read offline (``offline.py``), and sets only the layout, run-length and dataset
+fields on it.
 """
 from __future__ import annotations
 
@@ -313,7 +314,7 @@ def apply_fields(root: Any, fields: dict[str, Any]) -> Any:
     return root
 
 
-def build_container(fields: dict[str, Any]) -> Any:
+def build_container(fields: dict[str, Any], spec: Any = None) -> Any:
     """The real ``ConfigContainer`` for ``fields`` (job side; imports megatron.bridge).
 
     Scratch mode builds each section from its own fields (constructors need some of them,
@@ -327,7 +328,13 @@ def build_container(fields: dict[str, Any]) -> Any:
         if fn is None:
             raise BridgeConfigError(f"runner.recipe={name!r}: no such recipe function in "
                                     "megatron.bridge.recipes")
-        return apply_fields(fn(), fields)
+        from hcp_tune.job.bridge.offline import call_recipe, hf_config
+
+        # no download: the recipe's Hugging Face config from the node's cache, else from
+        # the trial's dimensions through Bridge's own AutoBridge.from_hf_config (offline.py)
+        recipe = call_recipe(fn, name=name, make_config=lambda path: (
+            hf_config(path, spec) if spec is not None else None))
+        return apply_fields(recipe, fields)
     container_cls = resolve(f"{_CFG}:ConfigContainer")
     sections: dict[str, Any] = {}
     top: dict[str, Any] = {}

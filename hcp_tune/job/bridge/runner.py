@@ -160,16 +160,17 @@ class BridgeStack:
     is_attention: Optional[Callable[[Any], bool]] = None
 
 
-def real_stack() -> BridgeStack:
+def real_stack(spec: TrialSpec) -> BridgeStack:
     from hcp_tune.job.attention.te import enable_te_debug_log
     from hcp_tune.job.bridge.config import build_container
 
     enable_te_debug_log()  # before Bridge imports TE: TE reads it once, at import
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # compute nodes: no downloads (offline.py)
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
     return BridgeStack(pretrain=pretrain, forward_step=forward_step,
-                       build_container=build_container)
+                       build_container=lambda fields: build_container(fields, spec))
 
 
 def run_bridge_trial(spec: TrialSpec, *, env=None, stack: Optional[BridgeStack] = None
@@ -239,7 +240,7 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
                                  f"needs tp*cp*dp*pp = {spec.tp}*{spec.cp}*{spec.dp}*{spec.pp} = "
                                  f"{spec.world_size}")
     fields = bridge_fields(spec)  # a bad override fails here, before any device work
-    stack = stack or real_stack()
+    stack = stack or real_stack(spec)
     cuda_index, device = _bind(env, stack)  # before any CUDA object
     _export_launcher_env(env, cuda_index)
     res.verification["bridge_config"] = summary(fields)
