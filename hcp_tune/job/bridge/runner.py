@@ -204,8 +204,9 @@ def run_bridge_trial(spec: TrialSpec, *, env=None, stack: Optional[BridgeStack] 
         res.wall_s = time.monotonic() - t0
 
 
-def _bind(env, stack: BridgeStack):
-    """This rank's device: its GPU bound before any CUDA object; the CPU for a double."""
+def _bind(env, *, needs_cuda: bool):
+    """This rank's device: its GPU bound before any CUDA object (and before Bridge, which
+    imports TE, is imported); the CPU for a double."""
     import torch
 
     from hcp_tune.job.dist import bind_device
@@ -213,7 +214,7 @@ def _bind(env, stack: BridgeStack):
 
     cuda_index = bind_device(env.local_rank)
     if cuda_index is None:
-        if stack.needs_cuda:
+        if needs_cuda:
             raise EnvironmentProblem("runner=bridge needs CUDA (Bridge's initialize asserts "
                                      "it); this node has none")
         return cuda_index, torch.device("cpu")
@@ -240,8 +241,10 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
                                  f"needs tp*cp*dp*pp = {spec.tp}*{spec.cp}*{spec.dp}*{spec.pp} = "
                                  f"{spec.world_size}")
     fields = bridge_fields(spec)  # a bad override fails here, before any device work
+    # the GPU binding first: importing Bridge imports TE, and anything CUDA before the
+    # binding would land on GPU 0
+    cuda_index, device = _bind(env, needs_cuda=stack is None or stack.needs_cuda)
     stack = stack or real_stack(spec)
-    cuda_index, device = _bind(env, stack)  # before any CUDA object
     _export_launcher_env(env, cuda_index)
     res.verification["bridge_config"] = summary(fields)
     cfg = stack.build_container(fields)
