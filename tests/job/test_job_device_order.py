@@ -162,10 +162,11 @@ def test_te_with_fp32_is_refused_when_asked_for_explicitly(monkeypatch):
 
 def test_the_bridge_runner_binds_the_gpu_before_importing_bridge(monkeypatch):
     """Importing Megatron-Bridge imports Transformer Engine: the binding must come first."""
+    from helpers import make_spec
+
     from hcp_tune.job import dist
     from hcp_tune.job.bridge import runner
     from hcp_tune.space.layout import Layout
-    from helpers import make_spec
 
     order = []
     monkeypatch.setattr(dist, "bind_device", lambda local_rank: order.append("bind") or 0)
