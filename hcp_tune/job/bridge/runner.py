@@ -3,12 +3,15 @@
 Order: the training stack is checked first (Megatron-Bridge and Transformer Engine
 importable, found without importing them: Bridge's package imports TE) and its absence is
 an ``environment`` failure that says which is missing and where the stack comes from ->
-launcher environment exported the way Bridge's ``initialize`` reads it -> this rank's GPU
-bound -> the trial's config mapping (``bridge_config.bridge_fields``) turned into the real
-``ConfigContainer`` -> ``pretrain(cfg, forward_step, callbacks=[guard, recorder])``: the
-guard proves at train start that every TE attention module runs the planned CP groups
-(``bridge_guard``/``bridge_verify``), the recorder times each step (``bridge_measure``) ->
-TFLOP/s against the profile's peak. Without Bridge's callbacks (Bridge < 0.4) it trains
+the trial's config mapping (``config.bridge_fields``: the whole world tp*cp*dp*pp, mbs and
+micro-batches) -> this rank's GPU bound, then Bridge imported (``BridgeStack``: the real
+one, or a test double of ``pretrain``) -> the launcher environment exported the way
+Bridge's ``initialize`` reads it (``LOCAL_RANK`` = the bound GPU index) -> the real
+``ConfigContainer`` -> ``pretrain(cfg, forward_step, callbacks=[fingerprint, guard, stop,
+recorder])``: the guard proves at train start that every TE attention module runs the
+planned CP groups (``guard``/``verify``), ``control.StopCheck`` ends the loop cleanly on the
+stop file or the time limit, the recorder times each step (``measure``); TE's backend
+choice is read from its log -> TFLOP/s against the profile's peak. Without Bridge's callbacks (Bridge < 0.4) it trains
 without them and parses Bridge's log lines instead, and says that CP could not be proven.
 
 One trial per process: ``pretrain`` sets up Megatron's global state (process groups when
