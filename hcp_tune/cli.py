@@ -216,7 +216,9 @@ def cmd_recommend(args: list[str]) -> int:
         raise ConfigError("recommend answers one key: give one seq and one tp value")
     given = {a.split("=", 1)[0] for a in args}
     want = {"cluster": cfg.cluster.name, "model": cfg.model.name, "tp": cfg.tps[0],
-            "pp": cfg.pp, "cp": cfg.cp, "seq": cfg.seqs[0],
+            "pp": cfg.pp, "cp": cfg.cp, "seq": cfg.seqs[0], "dp": cfg.dp, "mbs": cfg.mbs,
+            # m only when the user gave gbs: the attention runner's keys have m = 1
+            "micro_batches": cfg.micro_batches if "gbs" in given else None,
             "env_tag": cfg.env_tag if "env_tag" in given else None}
     recs = ResultStore(cfg.results_dir).recommendations()
     rec, near = recommend.answer(recs, want)

@@ -52,8 +52,17 @@ class TrialSpec:
     a2a: int
     p2p: int
     tp: int = 1
+    # data-parallel replicas and pipeline stages the job runs: the world is tp*cp*dp*pp.
+    # Every replica's CP groups run at once (as in training, so shared links are measured);
+    # the attention runner measures one pipeline stage (pp stays 1 there)
+    dp: int = 1
+    pp: int = 1
+    vp: Optional[int] = None  # virtual pipeline stages per rank (runner=bridge), None: off
     seq: int
     mbs: int = 1
+    # micro-batches per step per data-parallel rank (runner=bridge): the step's global batch
+    # is mbs*dp*micro_batches; 0 = one (the attention runner times one micro-batch)
+    micro_batches: int = 0
     dtype: str = "bf16"  # bf16 | fp16 | fp32 (the CPU reference runs fp32)
     # model dimensions the workload needs
     heads: int
@@ -101,7 +110,12 @@ class TrialSpec:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.cp
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per step: mbs * dp * micro-batches."""
+        return self.mbs * self.dp * max(1, self.micro_batches)
 
     @property
     def comm_type(self) -> str:

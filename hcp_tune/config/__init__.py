@@ -16,11 +16,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from hcp_tune.config.cluster import ClusterProfile, cluster_from_mapping
 from hcp_tune.config.model import ModelSpec, model_from_mapping
-from hcp_tune.config.recipes import recipe_for
+from hcp_tune.config.recipes import recipe_for, recipe_named
 from hcp_tune.config.schema import from_mapping
 from hcp_tune.config.settings import ExecutorConfig, RunnerConfig, SearchConfig, TopLevel
 from hcp_tune.errors import ConfigError
@@ -159,6 +159,13 @@ class SweepConfig:
                 f"search.a2a_sizes={list(self.search.a2a_sizes)}: {', '.join(map(str, bad))} "
                 f"does not divide cp={self.cp}; expected a list of divisors of cp: "
                 f"{', '.join(map(str, divisors))}")
+        if (self.runner.name == "bridge" and self.dtype == "fp32" and self.cp > 1
+                and self.cluster.device == "cuda"):
+            problems.append(
+                f"dtype=fp32 with runner=bridge on cluster={self.cluster.name} (a GPU profile): "
+                "Transformer Engine turns its flash and fused attention off in fp32 and its "
+                "unfused attention has no context parallelism, so no backend can run cp="
+                f"{self.cp}; use dtype=bf16 (Bridge's bf16_mixed) or dtype=fp16")
         if problems:
             raise ConfigError("\n".join(problems))
 
@@ -180,17 +187,25 @@ def absolute_path(value: Any) -> Path:
     return Path(os.path.abspath(os.path.expanduser(str(value))))
 
 
-def _parallel_sizes(t: TopLevel, model: str) -> tuple[tuple[int, ...], int, int, str]:
-    """(tps, pp, gbs, note): what the user gave, else Bridge's recipe for the model at each
-    seq (recipes.py), else tp=1 pp=1; gbs null is the recipe's, else mbs*dp."""
-    found = [r for s in t.seq if (r := recipe_for(model, s))]
+def _parallel_sizes(t: TopLevel, model: str, recipe: Optional[str] = None
+                    ) -> tuple[tuple[int, ...], int, int, str]:
+    """(tps, pp, gbs, note): what the user gave, else the recipe ``runner.recipe`` names,
+    else Bridge's recipe for the model at each seq (recipes.py), else tp=1 pp=1; gbs null
+    is the recipe's, else mbs*dp. A ``pp=`` the user gives wins over the recipe's: the
+    world and the planned groups are built from it, and the job sets it on the recipe."""
+    named = recipe_named(recipe)
+    found = [named] if named else [r for s in t.seq if (r := recipe_for(model, s))]
     tps = t.tp or tuple(dict.fromkeys(r.tp for r in found)) or (1,)
     pp = t.pp or max((r.pp for r in found), default=1)
     gbs = t.gbs or (found[0].gbs if found else t.mbs * t.dp)
     if gbs % (t.mbs * t.dp):
         gbs = t.mbs * t.dp * max(1, gbs // (t.mbs * t.dp))
     note = ""
-    if t.tp is None or t.pp is None:
+    if named and t.pp is not None and t.pp != named.pp:
+        note = (f"pp={t.pp} (given) wins over runner.recipe={recipe}'s pp={named.pp}: the "
+                f"world and the planned groups are built from it and the job sets it on the "
+                f"recipe ({named.cite})")
+    elif t.tp is None or t.pp is None:
         chosen = " ".join(f"{k}={v}" for k, v, given in (
             ("tp", ",".join(map(str, tps)), t.tp), ("pp", pp, t.pp)) if given is None)
         if found:
@@ -227,7 +242,7 @@ def load(overrides: list[str]) -> SweepConfig:
     if problems:
         raise ConfigError("\n".join(problems))
     t: TopLevel = values.pop("top")
-    tps, pp, gbs, note = _parallel_sizes(t, values["model"].name)
+    tps, pp, gbs, note = _parallel_sizes(t, values["model"].name, values["runner"].recipe)
     search, executor = values.pop("search"), values.pop("executor")
     if search.storage and "://" not in search.storage:  # a journal file, not an RDB URL
         search = dataclasses.replace(search, storage=str(absolute_path(search.storage)))

@@ -1,21 +1,24 @@
-"""Megatron-Bridge's long-context pretraining recipes, as data: the parallel sizes each
-recipe sets, keyed by (model profile, sequence length).
+"""Megatron-Bridge's pretraining recipes, as data: the parallel sizes each recipe sets,
+keyed by (model profile, sequence length) for the long-context ones, and by function name.
 
-What belongs here: the table and the one lookup that fills ``tp``/``pp`` when a user gives
-neither (``tp=null pp=null`` in conf/config.yaml); a size the user gives always wins. The
-values were read from ``src/megatron/bridge/recipes/llama/llama3.py`` of
-NVIDIA-NeMo/Megatron-Bridge at commit ``605c816715291f876ed470034459b6b007e82bac`` (the last
-commit with that path: the next one, 4d7ce7908, moved the recipes under
-``recipes/llama/h100/``). Every listed recipe sets ``sequence_parallel=True``,
-``micro_batch_size=1``, ``global_batch_size=512``, ``virtual_pipeline_model_parallel_size=None``
-and ``recompute_granularity=None``. Standard library only.
+What belongs here: the tables and the lookups that fill ``tp``/``pp`` when a user gives
+neither (``tp=null pp=null`` in conf/config.yaml) or names a recipe (``runner.recipe``); a
+size the user gives always wins. Read at Bridge v0.6.0, commit
+``51885cf132b2814188b6855c25a8588254274c2a``, from ``src/megatron/bridge/recipes/llama/
+h100/llama3.py`` (the functions; ``recipes/llama/llama3.py`` keeps the legacy names used
+here as aliases). The long-context values are unchanged from the first reading at
+``605c8167`` (before the recipes moved under ``h100/``). Every long-context recipe sets
+``sequence_parallel=True``, ``micro_batch_size=1``, ``global_batch_size=512``,
+``virtual_pipeline_model_parallel_size=None`` and ``recompute_granularity=None``; each
+recipe also calls ``AutoBridge.from_hf_pretrained`` on the model's Hugging Face name, which
+the job answers offline (``job/bridge/offline.py``). Standard library only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-BRIDGE_COMMIT = "605c816715291f876ed470034459b6b007e82bac"
-RECIPE_FILE = "src/megatron/bridge/recipes/llama/llama3.py"
+BRIDGE_COMMIT = "51885cf132b2814188b6855c25a8588254274c2a"  # v0.6.0
+RECIPE_FILE = "src/megatron/bridge/recipes/llama/h100/llama3.py"
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Recipe:
     cp: int
     gbs: int = 512
     mbs: int = 1
+    vp: int | None = None  # virtual pipeline stages per rank (None: off)
 
     @property
     def cite(self) -> str:
@@ -47,3 +51,21 @@ RECIPES: dict[tuple[str, int], Recipe] = {
 def recipe_for(model: str, seq: int) -> Recipe | None:
     """Bridge's recipe for this model profile at exactly this sequence length, or None."""
     return RECIPES.get((model, seq))
+
+
+# runner.recipe=NAME -> its sizes: the long-context recipes above and the short-context
+# pretraining recipes of the same file (seq 8192)
+NAMED: dict[str, Recipe] = {r.function: r for r in RECIPES.values()} | {r.function: r for r in (
+    Recipe("llama3_8b_pretrain_config", tp=1, pp=1, cp=2),
+    Recipe("llama31_8b_pretrain_config", tp=1, pp=1, cp=2),
+    Recipe("llama3_70b_pretrain_config", tp=4, pp=4, cp=2, vp=5),
+    Recipe("llama31_70b_pretrain_config", tp=4, pp=4, cp=2, vp=5),
+    Recipe("llama31_405b_pretrain_config", tp=8, pp=8, cp=4, vp=2),
+)}
+
+
+def recipe_named(name: str | None) -> Recipe | None:
+    """The sizes of the recipe ``runner.recipe`` names (its last dotted component), or None."""
+    if not name:
+        return None
+    return NAMED.get(name.replace(":", ".").rsplit(".", 1)[-1])

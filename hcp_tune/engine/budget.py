@@ -72,7 +72,9 @@ def trial_cost(cfg: Any, cand: Any, prediction: Any, per_job: int = 1) -> TrialC
     step = runner_step_s(cfg.runner.name, prediction, cfg.model.layers)
     steps = cfg.runner.warmup_steps + cfg.runner.measure_steps + PROOF_STEPS
     seconds = steps * step + JOB_START_S / max(1, per_job)
-    ranks = cand.groups.world_size
+    # runner=bridge trains the whole world (tp*cp*dp*pp); the attention runner one stage
+    ranks = cand.groups.world_size if cfg.runner.name == "bridge" else (
+        cand.tp * cand.cp * cand.dp)
     per_node = cfg.cluster.gpus_per_node or ranks
     return TrialCost(seconds=seconds, ranks=ranks, nodes=max(1, math.ceil(ranks / per_node)))
 

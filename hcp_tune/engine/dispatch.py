@@ -152,8 +152,10 @@ def step_launch(cfg: ExecutorConfig, *, world_size: int, gpus_per_node: int) -> 
     ranks run (``executor.python``, else this interpreter), ``executor.extra_srun`` and the
     pyxis container (job.steps.srun_argv names it per allocation)."""
     per_node = gpus_per_node if gpus_per_node > 0 else world_size
+    gpus = gpus_per_node if cfg.gpus_per_node is None else cfg.gpus_per_node
     return StepLaunch(
         nodes=math.ceil(world_size / per_node), tasks_per_node=min(world_size, per_node),
+        gpus_per_node=max(0, gpus),
         python=cfg.python or sys.executable, srun_args=tuple(cfg.extra_srun),
         container_image=cfg.container_image, container_mounts=tuple(cfg.container_mounts))
 

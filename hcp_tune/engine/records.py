@@ -16,10 +16,14 @@ from typing import Any, Optional
 
 from hcp_tune.errors import HcpError
 
-KEY_FIELDS = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "env_tag")
+KEY_FIELDS = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "env_tag", "dp", "mbs",
+              "micro_batches")
 # Key fields that joined the key later, and what a row or recommendation stored before then
-# reads as: the one place an older record's missing key field gets its value.
-OLDER_ROW_DEFAULTS: dict[str, Any] = {"pp": 1}
+# reads as: the one place an older record's missing key field gets its value. dp: before
+# issue 19 every trial ran one replica (dp > 1 came back invalid); mbs: older rows did not
+# store it and read as 1 (a sweep run with mbs > 1 before then reads as mbs=1);
+# micro_batches: the attention runner times one micro-batch, the Bridge runner ran one.
+OLDER_ROW_DEFAULTS: dict[str, Any] = {"pp": 1, "dp": 1, "mbs": 1, "micro_batches": 1}
 # Rows written before the version existed have none and read as version 1.
 ROW_SCHEMA = 1
 RECOMMENDATION_SCHEMA = 1
@@ -77,6 +81,9 @@ class TrialRow:
     seq: int
     runner: str
     env_tag: str
+    dp: int = 1  # data-parallel replicas (OLDER_ROW_DEFAULTS, as the next two)
+    mbs: int = 1  # micro-batch size
+    micro_batches: int = 1  # micro-batches per step per replica the user trains with (m)
     trial_id: str
     a2a: int
     p2p: int
@@ -103,6 +110,10 @@ class TrialRow:
     log_path: str = ""
     # rank 0's seconds per phase (start, groups, proof, warmup, measure)
     phases_s: str = "{}"
+    # runner=bridge: the micro-batches per step the trial ran (the key's micro_batches is
+    # the user's m; costmodel.microbatch fits a layout's steps at two of these); None on
+    # the attention runner and on rows stored before
+    measured_micro_batches: Optional[int] = None
     schema_version: int = ROW_SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -145,6 +156,9 @@ class Recommendation:
     seq: int
     runner: str
     env_tag: str
+    dp: int = 1
+    mbs: int = 1
+    micro_batches: int = 1
     a2a: int
     p2p: int
     comm_type: str

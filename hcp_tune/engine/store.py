@@ -63,11 +63,14 @@ class SweepKey:
     runner: str
     env_tag: str
     pp: int = 1
+    dp: int = 1
+    mbs: int = 1
+    micro_batches: int = 1
 
     @property
     def name(self) -> str:
-        # pp=1 is left out so that keys (and their slugs, row folders and optuna studies)
-        # stored before pp joined the key stay the same
+        # a field at its OLDER_ROW_DEFAULTS value is left out so that keys (and their slugs,
+        # row folders and optuna studies) stored before it joined the key stay the same
         return "|".join(f"{k}={getattr(self, k)}" for k in KEY_FIELDS
                         if getattr(self, k) != OLDER_ROW_DEFAULTS.get(k))
 
@@ -121,6 +124,7 @@ def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any)
         job_id=result.job_id or "",
         log_path=result.log_path or "",
         phases_s=json.dumps(result.phases_s, sort_keys=True),
+        measured_micro_batches=max(1, spec.micro_batches) if spec.runner == "bridge" else None,
         extra=extra,
     ).to_dict()
 
@@ -298,7 +302,7 @@ def recommendations(rows: list[dict[str, Any]],
     ``pareto``: per key name, its study's Pareto front (``tuner.Ledger.pareto``)."""
     by_key: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
-        by_key.setdefault(tuple(r[k] for k in KEY_FIELDS), []).append(r)
+        by_key.setdefault(tuple(key_field(r, k) for k in KEY_FIELDS), []).append(r)
     out = []
     for key, key_rows in sorted(by_key.items(), key=lambda kv: str(kv[0])):
         ranked = rank(key_rows)

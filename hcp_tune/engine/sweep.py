@@ -62,15 +62,20 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
     and stop files sit beside the progress folder, under ``<results_dir>/trials``."""
     r, m = cfg.runner, cfg.model
     trials_dir = progress_dir.parent / "trials"
+    bridge = r.name == "bridge"
+    # runner=bridge trains the whole world (tp*cp*dp*pp, every stage's groups); the attention
+    # runner measures one pipeline stage (world tp*cp*dp, every replica's CP groups at once)
+    groups = cand.groups if bridge and cand.groups is not None else cand.stage_groups(
+        cfg.cluster.gpus_per_node)
     return TrialSpec(
         trial_id=trial_id, a2a=cand.layout.a2a, p2p=cand.layout.p2p, tp=cand.tp,
+        dp=cand.dp, pp=cand.pp if bridge else 1, micro_batches=cfg.micro_batches if bridge else 0,
         seq=cand.seq, mbs=cfg.mbs, dtype="fp32" if cfg.cluster.device == "cpu" else cfg.dtype,
         heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim, hidden=m.hidden,
         ffn_hidden=m.ffn_hidden, layers=m.layers, vocab=m.vocab,
         runner=r.name, backend=r.backend, qkv_format=r.qkv_format, warmup_steps=r.warmup_steps,
         measure_steps=r.measure_steps, time_limit_s=r.time_limit_s,
-        # one pipeline stage's groups: the attention runner measures a stage (world tp*cp*dp)
-        expected_groups=cand.stage_groups(cfg.cluster.gpus_per_node).as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
+        expected_groups=groups.as_dict(), peak_tflops=cfg.cluster.peak_bf16_tflops,
         device=cfg.cluster.device,
         progress_path=str(progress_dir / f"{trial_id}.jsonl"), env_tag=cfg.env_tag,
         result_path=str(trials_dir / f"{trial_id}.result.json"),

@@ -61,7 +61,14 @@ def retry_labels(value: Any) -> frozenset[str]:
 def key_for(cfg: SweepConfig, cand: Candidate) -> SweepKey:
     """The sweep key a candidate layout is measured under."""
     return SweepKey(cluster=cfg.cluster.name, model=cfg.model.name, tp=cand.tp, cp=cand.cp,
-                    seq=cand.seq, runner=cfg.runner.name, env_tag=cfg.env_tag, pp=cand.pp)
+                    seq=cand.seq, runner=cfg.runner.name, env_tag=cfg.env_tag, pp=cand.pp,
+                    dp=cand.dp, mbs=cfg.mbs, micro_batches=key_micro_batches(cfg))
+
+
+def key_micro_batches(cfg: SweepConfig, runner: Optional[str] = None) -> int:
+    """The key's m: the user's gbs/(mbs*dp) for runner=bridge (what the step is ranked at);
+    1 for the attention runner, which times one micro-batch whatever gbs says."""
+    return cfg.micro_batches if (runner or cfg.runner.name) == "bridge" else 1
 
 
 def kept_by_key(cfg: SweepConfig, cands: Optional[list[Candidate]] = None

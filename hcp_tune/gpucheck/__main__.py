@@ -10,6 +10,9 @@ sequence, bf16, so the proof is the same same-dtype comparison) and prints the s
 Then, on GPUs, the Bridge step (``gpucheck.bridge``: a [2,2] trial and its [1,4] baseline
 as short Megatron-Bridge runs, one line each; ``--no-bridge`` skips it); ``--cpu`` says
 it was skipped.
+With 1-3 GPUs (or ``--one-gpu``) it runs what one GPU can check instead
+(``gpucheck.single``: the device binding, TE's import and backend choice, a Bridge run at
+cp=1 with the callbacks) and says what it could not check.
 Exit 0 when every layout passes, 1 otherwise, 2 for bad arguments.
 """
 from __future__ import annotations
@@ -42,10 +45,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--workdir", help="where the ranks' logs go (default: a new temp folder)")
     ap.add_argument("--no-bridge", action="store_true",
                     help="skip the Bridge step (two short Megatron-Bridge runs; GPU mode only)")
+    ap.add_argument("--one-gpu", action="store_true",
+                    help="what one GPU can check (binding, TE, Bridge at cp=1); the default "
+                    f"with 1..{CP - 1} GPUs")
     args = ap.parse_args(argv)
     mode = CPU if args.cpu else GPU
     mode = dataclasses.replace(mode, cluster=args.cluster or mode.cluster,
                                seq=args.seq or mode.seq)
+    if mode.name == "gpu" and (args.one_gpu or 1 <= gpu_count() < CP):
+        return _one_gpu(mode.cluster, args.workdir)
     if mode.name == "gpu" and gpu_count() < CP:
         print(f"gpu-check: needs >= {CP} GPUs visible to torch, found {gpu_count()} "
               "(run with --cpu to check the same path with the torch reference)")
@@ -75,6 +83,27 @@ def main(argv: Optional[list[str]] = None) -> int:
             verdicts.append(ok_line)
     passed = sum(ok for ok, _ in verdicts)
     print(f"gpu-check: {passed}/{len(verdicts)} layouts pass")
+    return 0 if passed == len(verdicts) else 1
+
+
+def _one_gpu(cluster: str, workdir: Optional[str]) -> int:
+    """The one-GPU mode (``gpucheck.single``): one line per check, then what it could not."""
+    from hcp_tune.gpucheck import single
+
+    if gpu_count() < 1:
+        print("gpu-check: --one-gpu needs a GPU visible to torch, found 0 "
+              "(run with --cpu to check the path with the torch reference)")
+        print(single.NOT_CHECKED)
+        return 1
+    folder = Path(workdir or tempfile.mkdtemp(prefix="hcp-gpu-check-")).resolve()
+    print(f"gpu-check: one-gpu mode ({gpu_count()} GPU(s) visible, profile {cluster}); logs in "
+          f"{folder}", flush=True)
+    verdicts = single.run(cluster, folder)
+    for _, line in verdicts:
+        print(line, flush=True)
+    print(single.NOT_CHECKED)
+    passed = sum(ok for ok, _ in verdicts)
+    print(f"gpu-check: {passed}/{len(verdicts)} one-gpu checks pass")
     return 0 if passed == len(verdicts) else 1
 
 

@@ -147,9 +147,12 @@ def bind_device(local_rank: int) -> int | None:
 
     Must run before anything creates a CUDA object (tensor, stream, event, or a call of
     ``torch.cuda.current_device()``): those would bind every rank to GPU 0, and NCCL then
-    fails with a duplicate-GPU error or hangs. Upstream entry points do the same first
-    (Bridge's initialize, TE's CP test: ``rank % device_count``). The modulo covers both a
-    node whose tasks each see all GPUs and one whose tasks see only their own.
+    fails with a duplicate-GPU error or hangs. TE's CP test binds ``rank % device_count``
+    the same way. Bridge v0.6.0's ``initialize`` instead calls ``set_device(LOCAL_RANK)``
+    (``set_device(0)`` with ``dist.external_gpu_device_mapping``), so the Bridge runner
+    exports the index returned here as ``LOCAL_RANK`` (``bridge.runner.launcher_env``). The
+    modulo covers both a node whose tasks each see all GPUs and one whose tasks see only
+    their own (``--gpus-per-task=1``: index 0).
     """
     import torch
 

@@ -78,6 +78,9 @@ class StepLaunch:
     srun_args: tuple[str, ...] = ()  # executor.extra_srun
     container_image: Optional[str] = None  # pyxis
     container_mounts: tuple[str, ...] = field(default=())
+    # GPUs each node's step asks for (the allocation's; 0 on a CPU profile): a step that asks
+    # for none gets none on sites that do not hand a step the job's GPUs by default
+    gpus_per_node: int = 0
 
 
 def srun_argv(spec: TrialSpec, spec_file: Path, logs: Path, launch: StepLaunch, job_id: str
@@ -94,6 +97,8 @@ def srun_argv(spec: TrialSpec, spec_file: Path, logs: Path, launch: StepLaunch, 
     argv = ["srun", f"--job-name={step_name(spec)}", f"--nodes={launch.nodes}",
             f"--ntasks={spec.world_size}", f"--ntasks-per-node={launch.tasks_per_node}",
             f"--output={logs / 'rank%t.log'}"]
+    if launch.gpus_per_node:  # every task sees the node's GPUs; dist.bind_device picks its own
+        argv.append(f"--gpus-per-node={launch.gpus_per_node}")
     if launch.container_image:
         argv += [f"--container-image={launch.container_image}",
                  f"--container-name={CONTAINER_PREFIX}{job_id}"]

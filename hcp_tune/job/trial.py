@@ -184,7 +184,7 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
         if env.world_size != spec.world_size:
             raise EnvironmentProblem(
                 f"the job started {env.world_size} processes, the trial needs "
-                f"tp*cp = {spec.tp}*{spec.cp} = {spec.world_size}")
+                f"tp*cp*dp*pp = {spec.tp}*{spec.cp}*{spec.dp}*{spec.pp} = {spec.world_size}")
         # the GPU binding comes first: anything CUDA before it would land on GPU 0
         chosen = choose_backend(spec, bind_device(env.local_rank))
         backend, device, dtype = chosen.name, chosen.device, chosen.dtype

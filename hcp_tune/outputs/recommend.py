@@ -13,7 +13,7 @@ from hcp_tune.space.layout import Layout
 
 
 def matches(rec: dict[str, Any], want: dict[str, Any]) -> bool:
-    return all(str(rec.get(k)) == str(v) for k, v in want.items() if v is not None)
+    return all(str(key_field(rec, k)) == str(v) for k, v in want.items() if v is not None)
 
 
 def find(recs: list[dict[str, Any]], want: dict[str, Any]) -> list[dict[str, Any]]:

@@ -69,7 +69,8 @@ MIN_TRIALS = 3
 CONFIRM_TRIALS = 5  # a confirmed verdict needs this many per tag (the A/A false-alarm rate
 # across sessions on the shared CPU was 14.5% with 3, <= 4.5% with 5: docs/regress.md)
 MAX_TRIALS = 30  # the most trials per tag an inconclusive layout is sent back for
-COMPARED = ("cluster", "model", "tp", "pp", "cp", "seq", "runner")  # the sweep key without env_tag
+# the sweep key without env_tag
+COMPARED = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "dp", "mbs", "micro_batches")
 IGNORED_FINGERPRINT = ("hosts",)  # host names alone never make rows differ
 
 METHOD = (

@@ -73,13 +73,25 @@ def row(c: Candidate) -> dict[str, Any]:
 
 
 def stage_note(cfg: SweepConfig) -> str:
-    """What the attention runner measures when the world has several pipeline stages."""
+    """What one trial runs: the whole world for runner=bridge, one stage for the attention
+    runner when the world has several pipeline stages."""
+    if cfg.runner.name == "bridge":
+        tp = max(cfg.tps)
+        world = tp * cfg.cp * cfg.dp * cfg.pp
+        per_node = cfg.cluster.gpus_per_node or world
+        nodes = -(-world // per_node)
+        return (f"runner=bridge trains the whole world per trial: tp*cp*dp*pp = {tp}*{cfg.cp}*"
+                f"{cfg.dp}*{cfg.pp} = {world} GPUs on {nodes} node(s), mbs={cfg.mbs}, "
+                f"m={cfg.micro_batches} micro-batches per step (gbs={cfg.gbs or cfg.mbs * cfg.dp});"
+                f" a cheaper proxy is runner=attention (one stage's CP groups, tp*cp*dp GPUs), "
+                f"which cannot see the pipeline bubble, the optimizer or the data-parallel "
+                f"reduce-scatter/all-gather sharing links with the CP ring")
     if cfg.pp == 1:
         return ""
     return (f"pp={cfg.pp}: the world is tp*cp*dp*pp and every stage has its own CP groups "
             f"(ranks s*tp*cp*dp .. (s+1)*tp*cp*dp-1 for stage s); the attention runner "
-            f"measures one stage's CP groups (world tp*cp*dp); runner=bridge too, for now (pp "
-            f"is not passed to Bridge yet); the cost model predicts the whole pipeline")
+            f"measures one stage's CP groups (world tp*cp*dp); runner=bridge trains the whole "
+            f"world; the cost model predicts the whole pipeline")
 
 
 def notes(cfg: SweepConfig) -> list[str]:

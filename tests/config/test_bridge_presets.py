@@ -46,3 +46,15 @@ def test_preset_plans_with_its_whole_world_and_a_fitting_split(name):
     assert any("attention runner measures one stage" in n for n in plan["notes"])
     fits = [c for c in predict.predict_rows(cfg)["candidates"] if c["fits_memory"]]
     assert fits, name
+
+
+def test_a_named_recipe_gives_its_pp_and_a_given_pp_wins_with_a_note():
+    """issue 19: runner.recipe=llama3_70b_pretrain_config (PP=4, virtual pipeline 5 at
+    Bridge v0.6.0) used to run at pp=1; the sweep's pp is what the world is built from."""
+    base = ["runner=bridge", "runner.recipe=llama3_70b_pretrain_config", "model=llama3-70b",
+            "cp=2", "seq=8192", "cluster=dgx-h100"]
+    cfg = config.load(base)
+    assert (cfg.tps, cfg.pp) == ((4,), 4) and "llama3_70b_pretrain_config" in cfg.recipe_note
+    cfg = config.load([*base, "pp=2", "tp=4"])
+    assert cfg.pp == 2 and cfg.recipe_note.startswith(
+        "pp=2 (given) wins over runner.recipe=llama3_70b_pretrain_config's pp=4")

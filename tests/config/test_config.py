@@ -119,10 +119,24 @@ def run(*args):
      "hcp-tune: error: runner.backend='tee': expected one of auto, te, torch"),
     (["predict", "search.repeats=abc"],
      "hcp-tune: error: search.repeats='abc': expected an integer in 1..100"),
+    # issue 19: TE has no attention backend for CP in fp32 (flash and fused off, unfused no CP)
+    (["plan", "runner=bridge", "dtype=fp32", "cluster=dgx-h100", "cp=8", "seq=131072"],
+     "hcp-tune: error: dtype=fp32 with runner=bridge on cluster=dgx-h100 (a GPU profile): "
+     "Transformer Engine turns its flash and fused attention off in fp32 and its unfused "
+     "attention has no context parallelism, so no backend can run cp=8; use dtype=bf16 "
+     "(Bridge's bf16_mixed) or dtype=fp16"),
 ])
 def test_cli_refuses_at_load_in_one_line_exit_2(args, line):
     r = run(*args)
     assert r.returncode == 2 and r.stderr.strip() == line and r.stdout == ""
+
+
+def test_fp32_bridge_is_refused_only_where_te_would_run_it():
+    with pytest.raises(ConfigError, match=r"^dtype=fp32 with runner=bridge on cluster=dgx-h100"):
+        config.load(["runner=bridge", "dtype=fp32", "cluster=dgx-h100", "cp=8"])
+    # the nearest accepted cases: bf16 on the GPU profile; fp32 on a CPU profile (the double)
+    assert config.load(["runner=bridge", "dtype=bf16", "cluster=dgx-h100", "cp=8"]).dtype == "bf16"
+    assert config.load(["runner=bridge", "dtype=fp32", "cluster=local", "cp=2"]).dtype == "fp32"
 
 
 def test_pp_gbs_and_recompute_load_and_gbs_must_divide_by_mbs_dp():

@@ -4,6 +4,7 @@ A step that crashes fails alone and the next step runs in the same allocation; a
 that leaves the allocation unusable sends the rest back (SKIPPED, requeued); a stop file
 there before a step keeps it from starting; a killed orchestrator resumes without losing or
 re-measuring; the srun argv carries pyxis's named container."""
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -43,6 +44,30 @@ def test_srun_argv_runs_the_trial_as_one_job_step(tmp_path):
                     "/venv/bin/python", "-u", "-m", "hcp_tune.job.steps",
                     str(tmp_path / "spec.json")]
     assert not [a for a in argv if a.startswith("--container")]
+
+
+def test_srun_steps_ask_for_the_nodes_gpus_and_each_rank_binds_the_one_it_sees(tmp_path):
+    """issue 19: steps asked for no GPUs (a site that does not hand a step the job's GPUs
+    gave them none). Asked for explicitly now; a user's --gpus-per-task=1 --gpu-bind=single
+    makes each task see one GPU, and then Bridge must be told GPU 0, not the local rank."""
+    from hcp_tune.job.bridge.runner import launcher_env
+    from hcp_tune.job.dist import DistEnv
+
+    cfg = ExecutorConfig.from_mapping({**DEFAULTS, "extra_srun": ["--gpus-per-task=1",
+                                                                  "--gpu-bind=single"]})
+    launch = dispatch.step_launch(cfg, world_size=16, gpus_per_node=8)
+    argv = srun_argv(make_spec(Layout(4, 4)), tmp_path / "s.json", tmp_path, launch, "9")
+    assert "--gpus-per-node=8" in argv and "--gpus-per-task=1" in argv
+    assert "--gpus-per-node=0" not in srun_argv(
+        make_spec(Layout(4, 4)), tmp_path / "s.json", tmp_path,
+        dispatch.step_launch(cfg, world_size=16, gpus_per_node=0), "9")
+    # local rank 5 of a node, one visible GPU: bind_device bound index 5 % 1 = 0
+    env = DistEnv(rank=13, local_rank=5, world_size=16, master_addr="n0", master_port=1,
+                  source="slurm")
+    assert launcher_env(env, 0)["LOCAL_RANK"] == "0"
+    assert launcher_env(env, 5)["LOCAL_RANK"] == "5"  # all GPUs visible: the same index
+    assert launcher_env(env, None)["LOCAL_RANK"] == "5"  # no CUDA (the test double)
+    assert launcher_env(env, 0)["RANK"] == "13"
 
 
 def test_srun_argv_names_the_pyxis_container_per_allocation(tmp_path):
@@ -258,7 +283,8 @@ def test_the_driver_ends_an_srun_step_past_its_time_limit_and_goes_on(slurm_clus
     ex = dispatch.make_executor(cfg, world_size=2, gpus_per_node=2, folder=tmp_path / "jobs")
     ex.update_parameters(gpus_per_node=None)  # the local cluster has no GPUs
     dispatch.use_steps(ex, cfg)
-    launch = dispatch.step_launch(cfg, world_size=2, gpus_per_node=2)
+    launch = dataclasses.replace(dispatch.step_launch(cfg, world_size=2, gpus_per_node=2),
+                                 gpus_per_node=0)  # the local cluster has no GPUs
     handle = dispatch.submit(ex, functools.partial(run_steps, startup_s=0.0),
                              _hang_then_ok(tmp_path), launch, str(tmp_path / "w"))
     outcome = []
@@ -280,7 +306,8 @@ def test_a_step_slurm_cannot_start_gives_up_the_allocation(slurm_cluster, tmp_pa
     ex = dispatch.make_executor(cfg, world_size=2, gpus_per_node=2, folder=tmp_path / "jobs")
     ex.update_parameters(gpus_per_node=None)  # the local cluster has no GPUs
     dispatch.use_steps(ex, cfg)
-    launch = dispatch.step_launch(cfg, world_size=2, gpus_per_node=2)
+    launch = dataclasses.replace(dispatch.step_launch(cfg, world_size=2, gpus_per_node=2),
+                                 gpus_per_node=0)  # the local cluster has no GPUs
     specs = [make_spec(Layout(1, 2), trial_id=t, result_path=str(tmp_path / f"{t}.result.json"))
              for t in ("first", "second")]
     handle = dispatch.submit(ex, run_steps, specs, launch, str(tmp_path / "w"))

@@ -1,4 +1,5 @@
 """Result storage: atomic rows, derived tables, ranking, ties, concurrent writers."""
+import dataclasses
 import multiprocessing as mp
 
 import pandas as pd
@@ -225,3 +226,18 @@ def test_a_tags_rows_are_read_from_its_keys_folders_alone(tmp_path):
     assert len(store.tag_rows({"night-1"})) == 12
     with pytest.raises(ResultsTooNew, match="schema 99"):
         store.tag_rows({"night-3"})
+
+
+def test_dp_mbs_and_micro_batches_join_the_key_and_older_rows_read_as_1():
+    """issue 19: keys that differ in dp, mbs or m are never mixed (resume, recommend,
+    regress all select through SweepKey.holds); a row stored before has none of them."""
+    old = {"cluster": "local", "model": "tiny", "tp": 1, "cp": 4, "seq": 2048,
+           "runner": "attention", "env_tag": "default"}
+    base = SweepKey("local", "tiny", 1, 4, 2048, "attention", "default")
+    assert base.holds(old) and base.name == "|".join(f"{k}={v}" for k, v in old.items()
+                                                     if k != "env_tag") + "|env_tag=default"
+    for change in ({"dp": 2}, {"mbs": 2}, {"micro_batches": 8}):
+        other = dataclasses.replace(base, **change)
+        assert not other.holds(old) and other.holds({**old, **change})
+        assert other.slug != base.slug
+    assert SweepKey.of(old) == base

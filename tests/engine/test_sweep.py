@@ -9,6 +9,7 @@ from helpers import (
     ctrl_c_once_submitted,
     hcp,
     kill_after_first_row_and_resume,
+    result_file,
     rows,
     squeue_ids,
 )
@@ -89,6 +90,18 @@ def test_sweep_through_the_local_executor(tmp_path):
     assert sorted((x["a2a"], x["status"]) for x in got) == [(1, "ok"), (2, "ok")]
     r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=1024", f"results_dir={res}")
     assert r.returncode == 0 and "model.cp_comm_type=" in r.stdout
+
+
+def test_sweep_with_data_parallel_replicas_measures(tmp_path):
+    # issue 19: the plan expects every replica's CP groups ([0,1] and [2,3]); the job used to
+    # start tp*cp = 2 ranks and every trial came back invalid ("cp groups differ")
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=2", "dp=2", "seq=1024", *TINY, "executor=local", f"results_dir={res}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(res)
+    assert sorted((x["a2a"], x["status"]) for x in got) == [(1, "ok"), (2, "ok")], got
+    assert all(x["verified"] for x in got)
+    assert {result_file(res, x).world_size for x in got} == {4}  # tp*cp*dp ranks ran
 
 
 def test_planted_cp_off_is_never_ranked(tmp_path):

@@ -154,3 +154,25 @@ def test_cpu_mode_says_the_bridge_step_is_skipped(monkeypatch, capsys, tmp_path)
     out = capsys.readouterr().out.splitlines()
     assert out[-2] == ("gpu-check bridge: skipped (cpu mode): the Bridge step needs >= 4 GPUs "
                        "and Megatron-Bridge with Transformer Engine")
+
+
+def test_one_gpu_mode_without_a_gpu_says_so_and_what_it_cannot_check(capsys):
+    rc = gpu_check_main(["--one-gpu"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1 and out[0].startswith("gpu-check: --one-gpu needs a GPU visible to torch")
+    assert out[1].startswith("gpu-check one-gpu: not checked (needs >= 4 GPUs): CP communication")
+
+
+def test_one_gpu_checks_fail_alone_and_each_prints_one_line(tmp_path):
+    from hcp_tune.gpucheck import single
+
+    def boom():
+        raise RuntimeError("CUDA error: invalid device ordinal\nsecond line")
+
+    got = single.run("dgx-h100", tmp_path, checks=(
+        lambda: single._line("binding", True, "local rank 3 -> cuda:0 of 1 visible"), boom,
+        single.check_binding))
+    assert got[0] == (True, "gpu-check one-gpu binding: PASS  local rank 3 -> cuda:0 of 1 visible")
+    assert got[1] == (False, "gpu-check one-gpu boom: FAIL  RuntimeError: CUDA error: invalid "
+                             "device ordinal")
+    assert got[2] == (False, "gpu-check one-gpu binding: FAIL  no CUDA device visible to torch")

@@ -158,3 +158,26 @@ def test_te_with_fp32_is_refused_when_asked_for_explicitly(monkeypatch):
                      device="cuda", backend="te", dtype="fp32")
     with pytest.raises(EnvironmentProblem, match="the TE path runs bf16 or fp16, not fp32"):
         choose_backend(spec, 0)
+
+
+def test_the_bridge_runner_binds_the_gpu_before_importing_bridge(monkeypatch):
+    """Importing Megatron-Bridge imports Transformer Engine: the binding must come first."""
+    from helpers import make_spec
+
+    from hcp_tune.job import dist
+    from hcp_tune.job.bridge import runner
+    from hcp_tune.space.layout import Layout
+
+    order = []
+    monkeypatch.setattr(dist, "bind_device", lambda local_rank: order.append("bind") or 0)
+
+    def real_stack(spec):
+        order.append("import bridge")
+        raise ImportError("no Bridge here")
+    monkeypatch.setattr(runner, "real_stack", real_stack)
+    monkeypatch.setattr(runner, "missing_stack", lambda: None)
+    env = dist.DistEnv(rank=0, local_rank=0, world_size=4, master_addr="127.0.0.1",
+                       master_port=1, source="torchrun")
+    res = runner.run_bridge_trial(make_spec(Layout(2, 2), runner="bridge", ffn_hidden=64),
+                                  env=env)
+    assert order == ["bind", "import bridge"] and res.failure_class.value == "environment"

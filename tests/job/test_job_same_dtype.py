@@ -190,6 +190,7 @@ def test_each_te_layer_records_only_its_own_selection_and_leaves_no_handler():
             att = TEAttention.__new__(TEAttention)  # skips __init__, which imports TE
             att.heads, att.head_dim, att.qkv_format = 2, 4, "sbhd"
             att.log, att.layer = BackendLog(), LoggingLayer(name)
+            att._cache, att._fresh = None, False
             layers[name] = att
         x = torch.zeros(3, 1, 2, 4)
         for att in layers.values():
@@ -198,3 +199,74 @@ def test_each_te_layer_records_only_its_own_selection_and_leaves_no_handler():
         assert logger.handlers == handlers
     finally:
         logger.setLevel(old)
+
+
+class CachingLayer:
+    """Stands in for TE's DotProductAttention: it selects (and logs) its backend only when
+    TE's cache asks for it, as TE does for a repeat of the same shapes."""
+
+    def __init__(self, cache, name):
+        self.cache, self.name = cache, name
+
+    def __call__(self, q, k, v):
+        if self.cache["backend_selection_requires_update"] or self.cache["attention_params"] is None:
+            logging.getLogger(TE_LOGGER).debug("Selected backend = %s.", self.name)
+            self.cache.update(attention_params=tuple(q.shape), use_fused_attention=True,
+                              fused_attention_backend=1, backend_selection_requires_update=False)
+        return q.flatten(2)
+
+
+def test_a_repeat_trial_of_the_same_shapes_records_its_backend():
+    """issue 19: the second trial in the same processes found TE's cached choice and logged
+    nothing, so its te_backend was recorded empty (fails on 3d093ac)."""
+    from hcp_tune.job.attention.te import TEAttention
+
+    cache = {"attention_params": None, "use_flash_attention": None, "use_fused_attention": None,
+             "fused_attention_backend": None, "use_unfused_attention": None,
+             "backend_selection_requires_update": False}
+    logger = logging.getLogger(TE_LOGGER)
+    old = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        got = []
+        for _ in range(2):  # two trials, each with its own layer, in the same process
+            att = TEAttention.__new__(TEAttention)  # skips __init__, which imports TE
+            att.heads, att.head_dim, att.qkv_format = 2, 4, "sbhd"
+            att.log, att.layer = BackendLog(), CachingLayer(cache, "FusedAttention (sub-backend 1)")
+            att._cache, att._fresh = cache, False
+            x = torch.zeros(3, 1, 2, 4)
+            att(x, x, x)
+            got.append(att.selected_backend)
+        assert got == ["FusedAttention (sub-backend 1)"] * 2
+    finally:
+        logger.setLevel(old)
+
+
+@pytest.mark.parametrize("cache,name", [
+    ({"use_flash_attention": True, "flash_attention_backend": "2.7.4"}, "FlashAttention (2.7.4)"),
+    ({"use_fused_attention": True, "fused_attention_backend": 1}, "FusedAttention (sub-backend 1)"),
+    ({"use_unfused_attention": True}, "UnfusedDotProductAttention"),
+    ({}, ""), (None, ""),
+])
+def test_te_backend_is_read_from_te_s_cache_when_the_log_is_silent(cache, name):
+    from hcp_tune.job.attention.te import backend_from_cache
+
+    assert backend_from_cache(cache) == name
+
+
+def test_backend_log_is_on_te_s_logger_before_te_builds_its_layer():
+    """TE adds its own stderr handler at construction when its logger has none: every rank
+    then dumped TE's debug config. BackendLog is attached first (fails on 3d093ac)."""
+    from hcp_tune.job.attention.te import build_with_log
+
+    logger = logging.getLogger(TE_LOGGER)
+    before = list(logger.handlers)
+    log = BackendLog()
+
+    def construct_like_te():
+        if not logger.handlers:  # what TE does at construction
+            logger.addHandler(logging.StreamHandler())
+        return [h for h in logger.handlers]
+
+    seen = build_with_log(log, construct_like_te)
+    assert log in seen and logger.handlers == before  # ours was there; none added, none left

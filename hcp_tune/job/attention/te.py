@@ -120,6 +120,62 @@ class BackendLog(logging.Handler):
         logging.getLogger(TE_LOGGER).removeHandler(self)
 
 
+# TE's cache of its backend choice (a module-level dict): TE 2.x keeps it in
+# ``attention.dot_product_attention.dot_product_attention``, TE 1.x in ``attention``. TE
+# re-selects (and logs) only when the attention parameters change or
+# ``backend_selection_requires_update`` is set: a second trial of the same shapes in the
+# same processes would otherwise log nothing and record te_backend "".
+_TE_CACHE_MODULES = ("transformer_engine.pytorch.attention.dot_product_attention."
+                     "dot_product_attention", "transformer_engine.pytorch.attention")
+
+
+def te_selection_cache() -> Optional[dict]:
+    """TE's backend-selection dict, or None when this TE keeps it elsewhere."""
+    import importlib
+
+    for name in _TE_CACHE_MODULES:
+        try:
+            cache = getattr(importlib.import_module(name), "_attention_backends", None)
+        except ImportError:
+            continue
+        if isinstance(cache, dict):
+            return cache
+    return None
+
+
+def force_fresh_selection(cache: Optional[dict]) -> None:
+    """Make TE select (and log) its backend again at the next forward."""
+    if cache is not None and "backend_selection_requires_update" in cache:
+        cache["backend_selection_requires_update"] = True
+
+
+def backend_from_cache(cache: Optional[dict]) -> str:
+    """The backend TE's cache says it runs, in its log's words ("" when it says nothing)."""
+    if not cache:
+        return ""
+    if cache.get("use_flash_attention"):
+        version = cache.get("flash_attention_backend")
+        return f"FlashAttention ({version})" if version else "FlashAttention"
+    if cache.get("use_fused_attention"):
+        sub = cache.get("fused_attention_backend")
+        sub = getattr(sub, "value", sub)  # an enum in TE (FusedAttnBackend)
+        return f"FusedAttention (sub-backend {int(sub)})" if sub is not None else "FusedAttention"
+    if cache.get("use_unfused_attention"):
+        return "UnfusedDotProductAttention"
+    return ""
+
+
+def build_with_log(log: "BackendLog", factory):
+    """``factory()`` (the TE module's constructor) with ``log`` already on TE's logger: TE
+    adds its own stderr handler to that logger at construction when it has none, and every
+    rank would then print TE's debug output."""
+    log.attach()
+    try:
+        return factory()
+    finally:
+        log.detach()
+
+
 class TEAttention:
     """Callable on q, k, v in ``qkv_format`` ([s, b, h, d] or [b, s, h, d]), same out."""
 
@@ -150,7 +206,7 @@ class TEAttention:
             )
         self.heads, self.head_dim, self.qkv_format = heads, head_dim, qkv_format
         self.log = BackendLog()
-        self.layer = te.DotProductAttention(
+        self.layer = build_with_log(self.log, lambda: te.DotProductAttention(
             num_attention_heads=heads,
             kv_channels=head_dim,
             num_gqa_groups=kv_heads,
@@ -158,14 +214,19 @@ class TEAttention:
             qkv_format=qkv_format,
             attn_mask_type="causal",
             **kwargs,
-        )
+        ))
+        self._cache = te_selection_cache()
+        self._fresh = False  # this instance's first forward has made TE select anew
 
     @property
     def selected_backend(self) -> str:
-        """The kernel TE chose for the latest shapes ("" when its log said nothing)."""
-        return self.log.last
+        """The kernel TE chose for the latest shapes: its log line, else its cache."""
+        return self.log.last or backend_from_cache(self._cache)
 
     def __call__(self, q, k, v):
+        if not self._fresh:  # once per trial's layer: TE logs its choice again
+            force_fresh_selection(self._cache)
+            self._fresh = True
         # listen only during this layer's own forward, where TE selects its kernel: another
         # layer's choice (the no-CP reference's) must not be taken for this one's, and
         # handlers must not pile up over trials (a few microseconds per step)

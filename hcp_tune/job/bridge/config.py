@@ -16,8 +16,9 @@ set here is checked against the field names read from those sources
 (``tests/data/bridge_fields.json``, written by ``scripts/bridge_fields.py``).
 
 No model download: scratch mode builds a ``GPTModelProvider`` with the model spec's
-dimensions; ``recipe`` mode starts from a named Bridge recipe function (which may load a
-Hugging Face config) and sets only the layout, run-length and dataset fields on it.
+dimensions; ``recipe`` mode starts from a named Bridge recipe function, its Hugging Face
+config read offline (``offline.py``), and sets only the layout, run-length and dataset
+fields on it.
 """
 from __future__ import annotations
 
@@ -127,10 +128,14 @@ def layout_fields(spec) -> dict[str, Any]:
     comm = spec.comm_type
     fields: dict[str, Any] = {
         "model.tensor_model_parallel_size": spec.tp,
-        "model.pipeline_model_parallel_size": 1,
+        # the sweep's pp always wins (the world tp*cp*dp*pp and the planned groups are built
+        # from it); a recipe's virtual pipeline stays unless the sweep sets one
+        "model.pipeline_model_parallel_size": spec.pp,
         "model.sequence_parallel": spec.tp > 1,  # what TP training runs with
         "model.context_parallel_size": spec.cp,
     }
+    if spec.vp is not None or not spec.bridge_recipe:
+        fields["model.virtual_pipeline_model_parallel_size"] = spec.vp
     if comm != "none":
         fields["model.cp_comm_type"] = comm
     # the a2a / p2p baselines run without HCP sizes; a2a+p2p must have them (Bridge asserts)
@@ -140,22 +145,40 @@ def layout_fields(spec) -> dict[str, Any]:
     return fields
 
 
+COMM_TIMEOUT_FLOOR_MIN = 5  # the first iteration of a large world: communicators, warm-up
+COMM_TIMEOUT_PER_GPUS = 64  # one minute more per this many GPUs
+
+
+def distributed_timeout_minutes(spec) -> int:
+    """Bridge's process-group timeout until its first iteration ends
+    (``dist.distributed_timeout_minutes``): the first iteration creates every communicator
+    and compiles kernels, slower the larger the world, so at least 5 minutes plus one per 64
+    GPUs, never below ``comm_timeout_s`` and never beyond the trial's ``time_limit_s``.
+    After the first iteration Bridge v0.6.0 (training/train.py) switches every group to
+    ``dist.distributed_timeout_seconds_after_init``, set to ``comm_timeout_s``: a hung peer
+    is then caught as fast as in the attention runner."""
+    first = COMM_TIMEOUT_FLOOR_MIN + spec.world_size // COMM_TIMEOUT_PER_GPUS
+    minutes = max(math.ceil(spec.comm_timeout_s / 60), first)
+    return max(1, min(minutes, math.ceil(spec.time_limit_s / 60)))
+
+
 def run_fields(spec) -> dict[str, Any]:
-    """A short measured run: warm-up + measured steps, one micro-batch per DP rank, no
-    checkpoint, no evaluation, a log line every step (the log-parsing fallback)."""
+    """A short measured run: warm-up + measured steps, ``spec.micro_batches`` micro-batches
+    of ``mbs`` per data-parallel rank (the global batch mbs*dp*m), no checkpoint, no
+    evaluation, a log line every step (the log-parsing fallback)."""
     iters = spec.warmup_steps + spec.measure_steps
-    dp = 1  # a trial's world is tp*cp: one CP group set, as the attention runner measures
     return {
         "train.train_iters": iters,
         "train.micro_batch_size": spec.mbs,
-        "train.global_batch_size": spec.mbs * dp,
+        "train.global_batch_size": spec.global_batch,
         "validation.eval_iters": 0,
         "checkpoint.save": None,
         "checkpoint.load": None,
         "logger.log_interval": 1,
         "logger.log_throughput": True,
         "dist.use_decentralized_pg": False,  # True with HCP sizes raises NotImplementedError
-        "dist.distributed_timeout_minutes": max(1, math.ceil(spec.comm_timeout_s / 60)),
+        "dist.distributed_timeout_minutes": distributed_timeout_minutes(spec),
+        "dist.distributed_timeout_seconds_after_init": int(spec.comm_timeout_s),
         "rng.seed": spec.seed,
         "scheduler.lr_warmup_iters": 1 if iters > 1 else 0,
         "scheduler.lr_decay_iters": iters,
@@ -291,7 +314,7 @@ def apply_fields(root: Any, fields: dict[str, Any]) -> Any:
     return root
 
 
-def build_container(fields: dict[str, Any]) -> Any:
+def build_container(fields: dict[str, Any], spec: Any = None) -> Any:
     """The real ``ConfigContainer`` for ``fields`` (job side; imports megatron.bridge).
 
     Scratch mode builds each section from its own fields (constructors need some of them,
@@ -305,7 +328,13 @@ def build_container(fields: dict[str, Any]) -> Any:
         if fn is None:
             raise BridgeConfigError(f"runner.recipe={name!r}: no such recipe function in "
                                     "megatron.bridge.recipes")
-        return apply_fields(fn(), fields)
+        from hcp_tune.job.bridge.offline import call_recipe, hf_config
+
+        # no download: the recipe's Hugging Face config from the node's cache, else from
+        # the trial's dimensions through Bridge's own AutoBridge.from_hf_config (offline.py)
+        recipe = call_recipe(fn, name=name, make_config=lambda path: (
+            hf_config(path, spec) if spec is not None else None))
+        return apply_fields(recipe, fields)
     container_cls = resolve(f"{_CFG}:ConfigContainer")
     sections: dict[str, Any] = {}
     top: dict[str, Any] = {}

@@ -3,12 +3,15 @@
 Order: the training stack is checked first (Megatron-Bridge and Transformer Engine
 importable, found without importing them: Bridge's package imports TE) and its absence is
 an ``environment`` failure that says which is missing and where the stack comes from ->
-launcher environment exported the way Bridge's ``initialize`` reads it -> this rank's GPU
-bound -> the trial's config mapping (``bridge_config.bridge_fields``) turned into the real
-``ConfigContainer`` -> ``pretrain(cfg, forward_step, callbacks=[guard, recorder])``: the
-guard proves at train start that every TE attention module runs the planned CP groups
-(``bridge_guard``/``bridge_verify``), the recorder times each step (``bridge_measure``) ->
-TFLOP/s against the profile's peak. Without Bridge's callbacks (Bridge < 0.4) it trains
+the trial's config mapping (``config.bridge_fields``: the whole world tp*cp*dp*pp, mbs and
+micro-batches) -> this rank's GPU bound, then Bridge imported (``BridgeStack``: the real
+one, or a test double of ``pretrain``) -> the launcher environment exported the way
+Bridge's ``initialize`` reads it (``LOCAL_RANK`` = the bound GPU index) -> the real
+``ConfigContainer`` -> ``pretrain(cfg, forward_step, callbacks=[fingerprint, guard, stop,
+recorder])``: the guard proves at train start that every TE attention module runs the
+planned CP groups (``guard``/``verify``), ``control.StopCheck`` ends the loop cleanly on the
+stop file or the time limit, the recorder times each step (``measure``); TE's backend
+choice is read from its log -> TFLOP/s against the profile's peak. Without Bridge's callbacks (Bridge < 0.4) it trains
 without them and parses Bridge's log lines instead, and says that CP could not be proven.
 
 One trial per process: ``pretrain`` sets up Megatron's global state (process groups when
@@ -25,8 +28,9 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
@@ -52,19 +56,35 @@ def missing_stack() -> Optional[str]:
             f"({sys.executable}, {platform.python_version()}): {CONTAINER_HINT}")
 
 
-def _export_launcher_env(env) -> None:
-    """Bridge's ``initialize`` reads RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* (torchrun's names)."""
-    os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size),
-                      LOCAL_RANK=str(env.local_rank), MASTER_ADDR=env.master_addr,
-                      MASTER_PORT=str(env.master_port))
+def launcher_env(env, cuda_index: Optional[int]) -> dict[str, str]:
+    """What Bridge's ``initialize`` reads (torchrun's names) for this rank.
+
+    ``LOCAL_RANK`` is the GPU index this process was bound to (``dist.bind_device``), not
+    the task's local rank: Bridge v0.6.0 ``training/initialize.py`` calls
+    ``torch.cuda.set_device(LOCAL_RANK)`` and ``barrier(device_ids=[LOCAL_RANK])``, so with
+    one visible GPU per task (``--gpus-per-task=1``, ``--gpu-bind=single``) local rank 3
+    would name a GPU the task cannot see. Without CUDA it is the local rank."""
+    local = env.local_rank if cuda_index is None else cuda_index
+    return {"RANK": str(env.rank), "WORLD_SIZE": str(env.world_size), "LOCAL_RANK": str(local),
+            "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port)}
+
+
+def _export_launcher_env(env, cuda_index: Optional[int]) -> None:
+    os.environ.update(launcher_env(env, cuda_index))
 
 
 def read_memory(rank: int, device) -> Any:
-    """This rank's memory: the allocator's peaks and the whole device's use."""
+    """This rank's memory: on CUDA the allocator's peaks and the whole device's use; on CPU
+    (the test double's runs) the process's peak resident set size, as ``device_used``."""
     import torch
 
     from hcp_tune.job.bridge.measure import RankMemory
 
+    if device is None or device.type != "cuda":
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        return RankMemory(rank=rank, device_used=int(rss), device_used_source="ru_maxrss")
     m = RankMemory(rank=rank, max_reserved=int(torch.cuda.max_memory_reserved(device)),
                    max_allocated=int(torch.cuda.max_memory_allocated(device)))
     try:  # NVML through torch (torch >= 2.6): counts the context and NCCL's buffers too
@@ -128,7 +148,36 @@ class _Fingerprint:
         self.res.fingerprint = fingerprint(self.env, self.device)
 
 
-def run_bridge_trial(spec: TrialSpec, *, env=None) -> TrialResult:
+@dataclass
+class BridgeStack:
+    """What a trial takes from Megatron-Bridge: ``pretrain(cfg, forward_step, callbacks=)``,
+    the ``forward_step`` it trains with, and the builder of its ``ConfigContainer`` from the
+    trial's field mapping. ``real_stack()`` imports Bridge's; tests pass a double of the
+    same protocol (tests/job/bridge/pretrain_double.py), which runs on CPU (``needs_cuda``
+    False) and names its attention modules (``is_attention``; None: TE's class)."""
+
+    pretrain: Callable[..., Any]
+    forward_step: Callable[..., Any]
+    build_container: Callable[[dict], Any]
+    needs_cuda: bool = True
+    is_attention: Optional[Callable[[Any], bool]] = None
+
+
+def real_stack(spec: TrialSpec) -> BridgeStack:
+    from hcp_tune.job.attention.te import enable_te_debug_log
+    from hcp_tune.job.bridge.config import build_container
+
+    enable_te_debug_log()  # before Bridge imports TE: TE reads it once, at import
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # compute nodes: no downloads (offline.py)
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
+    return BridgeStack(pretrain=pretrain, forward_step=forward_step,
+                       build_container=lambda fields: build_container(fields, spec))
+
+
+def run_bridge_trial(spec: TrialSpec, *, env=None, stack: Optional[BridgeStack] = None
+                     ) -> TrialResult:
     """Run one Bridge trial on this rank; never raises for a trial failure."""
     from hcp_tune.job.failures import EnvironmentProblem, classify
 
@@ -136,10 +185,11 @@ def run_bridge_trial(spec: TrialSpec, *, env=None) -> TrialResult:
     res = TrialResult(trial_id=spec.trial_id, status=Status.FAILED, world_size=spec.world_size,
                       backend="bridge")
     try:
-        problem = missing_stack()  # before anything else: nothing below works without them
-        if problem:
-            raise EnvironmentProblem(problem)
-        return _run(spec, res, env)
+        if stack is None:
+            problem = missing_stack()  # before anything else: nothing below works without them
+            if problem:
+                raise EnvironmentProblem(problem)
+        return _run(spec, res, env, stack, t0)
     except Exception as e:  # a failure is a result
         from hcp_tune.job.bridge.guard import HCPNotActiveError
 
@@ -157,50 +207,80 @@ def run_bridge_trial(spec: TrialSpec, *, env=None) -> TrialResult:
         res.wall_s = time.monotonic() - t0
 
 
-def _run(spec: TrialSpec, res: TrialResult, env) -> TrialResult:
+def _bind(env, *, needs_cuda: bool):
+    """This rank's device: its GPU bound before any CUDA object (and before Bridge, which
+    imports TE, is imported); the CPU for a double."""
     import torch
 
-    from hcp_tune.job import bench
-    from hcp_tune.job.bridge.config import bridge_fields, build_container, summary
+    from hcp_tune.job.dist import bind_device
+    from hcp_tune.job.failures import EnvironmentProblem
+
+    cuda_index = bind_device(env.local_rank)
+    if cuda_index is None:
+        if needs_cuda:
+            raise EnvironmentProblem("runner=bridge needs CUDA (Bridge's initialize asserts "
+                                     "it); this node has none")
+        return cuda_index, torch.device("cpu")
+    return cuda_index, torch.device("cuda", cuda_index)
+
+
+def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
+         t0: float) -> TrialResult:
+    import torch
+
+    from hcp_tune.job.attention.te import BackendLog
+    from hcp_tune.job.bridge.config import bridge_fields, summary
+    from hcp_tune.job.bridge.control import TIME_LIMIT, StopCheck
     from hcp_tune.job.bridge.guard import HCPGuard
     from hcp_tune.job.bridge.measure import StepRecorder, parse_log
-    from hcp_tune.job.dist import bind_device, detect_env
+    from hcp_tune.job.dist import detect_env
     from hcp_tune.job.failures import EnvironmentProblem
-    from hcp_tune.job.progress import record_step
+    from hcp_tune.job.progress import record_step, stop_reason
 
     env = env or detect_env()
     res.job_id = env.job_id
     if env.world_size != spec.world_size:
         raise EnvironmentProblem(f"the launcher started {env.world_size} processes, the trial "
-                                 f"needs tp*cp = {spec.tp}*{spec.cp} = {spec.world_size}")
-    cuda_index = bind_device(env.local_rank)  # before any CUDA object
-    if cuda_index is None:
-        raise EnvironmentProblem("runner=bridge needs CUDA (Bridge's initialize asserts it); "
-                                 "this node has none")
-    device = torch.device("cuda", cuda_index)
-    _export_launcher_env(env)
-    fields = bridge_fields(spec)
+                                 f"needs tp*cp*dp*pp = {spec.tp}*{spec.cp}*{spec.dp}*{spec.pp} = "
+                                 f"{spec.world_size}")
+    fields = bridge_fields(spec)  # a bad override fails here, before any device work
+    # the GPU binding first: importing Bridge imports TE, and anything CUDA before the
+    # binding would land on GPU 0
+    cuda_index, device = _bind(env, needs_cuda=stack is None or stack.needs_cuda)
+    stack = stack or real_stack(spec)
+    _export_launcher_env(env, cuda_index)
     res.verification["bridge_config"] = summary(fields)
-    cfg = build_container(fields)
+    cfg = stack.build_container(fields)
 
-    from megatron.bridge.training.gpt_step import forward_step
-    from megatron.bridge.training.pretrain import pretrain
+    with_callbacks = "callbacks" in inspect.signature(stack.pretrain).parameters
+    collect_fn = None
+    if stack.is_attention is not None:
+        from hcp_tune.job.bridge.verify import collect
 
-    with_callbacks = "callbacks" in inspect.signature(pretrain).parameters
+        collect_fn = (lambda model, r: collect(list(model), r, is_attention=stack.is_attention))
     guard = HCPGuard(expected_groups=spec.expected_groups,
                      layout=(spec.comm_type, spec.a2a, spec.p2p),
-                     log=lambda line: print(line, flush=True))
+                     log=lambda line: print(line, flush=True), collect_fn=collect_fn)
+    cuda = device.type == "cuda"
     recorder = StepRecorder(
-        warmup_steps=spec.warmup_steps, sync=lambda: torch.cuda.synchronize(device),
+        warmup_steps=spec.warmup_steps,
+        sync=(lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None),
         memory=lambda: read_memory(env.rank, device), gather=_gather,
         on_measured_step=(lambda i, t: record_step(spec, i, t)) if env.rank == 0 else None)
+    stop = StopCheck(stop_path=spec.stop_path, time_limit_s=spec.time_limit_s, t0=t0)
+    # TE's backend choice is logged while the model is built and at the first step; the
+    # handler goes on first, so TE does not add its own stderr handler on every rank
+    te_log = BackendLog().attach()
     try:
         if with_callbacks:
-            pretrain(cfg, forward_step, callbacks=[_Fingerprint(res, env, device), guard, recorder])
+            stack.pretrain(cfg, stack.forward_step, callbacks=[
+                _Fingerprint(res, env, device), guard, stop, recorder])
         else:
-            pretrain(cfg, forward_step)
+            stack.pretrain(cfg, stack.forward_step)
     finally:
+        te_log.detach()
         res.verification["cp_active"] = guard.report or {"checked": False}
+    res.te_backend = te_log.last
     if with_callbacks:
         m = recorder.result(world_size=spec.world_size,
                             flops_per_step_ported=ported_flops(cfg, spec))
@@ -215,14 +295,26 @@ def _run(spec: TrialSpec, res: TrialResult, env) -> TrialResult:
                          "could not be proven at train start")
     res.notes += m.notes
     res.step_times_s = m.step_times_s
-    if not m.step_times_s:
-        raise RuntimeError("Bridge ran but no measured step was recorded")
-    stats = bench.summarize(m.step_times_s)
-    res.median_s, res.p10_s, res.p90_s = stats["median_s"], stats["p10_s"], stats["p90_s"]
-    res.peak_mem_bytes, res.mem_note = m.peak_memory()
     res.verification["memory"] = [vars(x) for x in m.memory]
     res.verification["lm_loss"] = m.lm_losses
     res.verification["measured_by"] = m.source
+    from hcp_tune.job import bench
+
+    if m.step_times_s:
+        stats = bench.summarize(m.step_times_s)
+        res.median_s, res.p10_s, res.p90_s = stats["median_s"], stats["p10_s"], stats["p90_s"]
+    if stop.stopped:  # the loop was ended early: what was measured is kept, not ranked
+        if stop.reason == TIME_LIMIT:
+            res.status, res.failure_class = Status.FAILED, FailureClass.TIME_LIMIT
+            res.error = (f"runner.time_limit_s={spec.time_limit_s:g} reached at Bridge step "
+                         f"{stop.stopped_at} ({len(m.step_times_s)} measured step(s))")
+        else:
+            res.status = Status.PRUNED
+            res.error = stop_reason(spec) or f"stopped at Bridge step {stop.stopped_at}"
+        return res
+    if not m.step_times_s:
+        raise RuntimeError("Bridge ran but no measured step was recorded")
+    res.peak_mem_bytes, res.mem_note = m.peak_memory()
     res.flops_per_gpu_step = m.flops_per_step / spec.world_size if m.flops_per_step else None
     res.tflops_per_gpu = m.tflops_per_gpu
     from hcp_tune.flops import BRIDGE_FLOPS_SOURCE

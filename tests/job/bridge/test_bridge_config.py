@@ -212,7 +212,8 @@ def fake_resolve(path):
             validation=SimpleNamespace(eval_iters=10),
             checkpoint=SimpleNamespace(save="/ckpt", load=None),
             logger=SimpleNamespace(log_interval=10, log_throughput=False),
-            dist=SimpleNamespace(use_decentralized_pg=False, distributed_timeout_minutes=10),
+            dist=SimpleNamespace(use_decentralized_pg=False, distributed_timeout_minutes=10,
+                                 distributed_timeout_seconds_after_init=None),
             rng=SimpleNamespace(seed=1), dataset=None,
             scheduler=SimpleNamespace(lr_warmup_iters=2000, lr_decay_iters=None),
             tokenizer=SimpleNamespace(tokenizer_type="HuggingFaceTokenizer", vocab_size=None),
@@ -261,3 +262,51 @@ def test_our_callbacks_define_only_bridge_events():
     for cls in (StepRecorder, HCPGuard, _Fingerprint):
         hooks = {n for n in vars(cls) if n.startswith("on_")}
         assert hooks and hooks <= events, (cls.__name__, hooks - events)
+
+
+def test_the_comm_timeout_grows_with_the_world_until_the_first_iteration_ends():
+    """issue 19: distributed_timeout_minutes was comm_timeout_s (2 minutes), tight for the
+    first iteration of a large world; after it Bridge switches to the seconds given."""
+    from hcp_tune.job.bridge.config import distributed_timeout_minutes
+
+    small = spec(a2a=1, p2p=2, comm_timeout_s=120.0, time_limit_s=3600.0)
+    big = spec(a2a=2, p2p=4, tp=4, pp=2, comm_timeout_s=120.0, time_limit_s=3600.0)  # 64 GPUs
+    assert distributed_timeout_minutes(small) == 5 and distributed_timeout_minutes(big) == 6
+    assert distributed_timeout_minutes(spec(comm_timeout_s=900.0, time_limit_s=3600.0)) == 15
+    assert distributed_timeout_minutes(spec(comm_timeout_s=120.0, time_limit_s=180.0)) == 3
+    f = bc.bridge_fields(big)
+    assert f["dist.distributed_timeout_seconds_after_init"] == 120
+    assert (f["model.pipeline_model_parallel_size"], f["train.global_batch_size"]) == (2, 1)
+
+
+def test_the_whole_world_and_the_micro_batches_reach_the_config():
+    f = bc.bridge_fields(spec(a2a=2, p2p=2, tp=2, pp=4, dp=2, mbs=2, micro_batches=8, vp=2))
+    assert f["model.pipeline_model_parallel_size"] == 4
+    assert f["model.virtual_pipeline_model_parallel_size"] == 2
+    assert (f["train.micro_batch_size"], f["train.global_batch_size"]) == (2, 2 * 2 * 8)
+    # recipe mode keeps the recipe's virtual pipeline unless the sweep sets one
+    assert "model.virtual_pipeline_model_parallel_size" not in bc.bridge_fields(
+        spec(pp=2, bridge_recipe="llama3_70b_pretrain_config"))
+
+
+def test_stop_check_ends_every_rank_on_the_step_one_rank_saw_the_stop_file(tmp_path):
+    from types import SimpleNamespace
+
+    from hcp_tune.job.bridge.control import STOP_FILE, StopCheck
+
+    stop = tmp_path / "t.stop"
+    seen = []  # what each rank proposed; agree() is the all-reduce MAX over ranks
+    ranks = [StopCheck(stop_path=str(stop) if r == 1 else None, time_limit_s=60, t0=0.0,
+                       clock=lambda: 1.0, agree=lambda v: seen.append(v) or max(seen[-2:]))
+             for r in (0, 1)]
+    ctx = SimpleNamespace(state=SimpleNamespace(train_state=SimpleNamespace(step=3),
+                                                cfg=SimpleNamespace(train=SimpleNamespace(
+                                                    train_iters=10))))
+    ranks[0].on_train_step_start(ctx)
+    ranks[1].on_train_step_start(ctx)
+    assert not any(r.stopped for r in ranks) and ctx.state.cfg.train.train_iters == 10
+    stop.write_text("early stop")
+    seen.clear()
+    ranks[1].on_train_step_start(ctx)  # the rank that sees the file
+    ranks[0].on_train_step_start(ctx)  # agree(): the maximum of both proposals
+    assert ranks[0].reason == STOP_FILE and ctx.state.cfg.train.train_iters == 4

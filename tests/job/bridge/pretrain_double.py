@@ -1,0 +1,235 @@
+"""A test double of Megatron-Bridge's ``pretrain`` protocol, for running
+``hcp_tune.job.bridge.runner._run`` end to end on CPU (gloo). Not Bridge: a stand-in.
+
+Everything it does around the callbacks comes from tests/data/bridge_protocol.json, the
+extract of the pinned Bridge source (scripts/bridge_protocol.py, v0.6.0 51885cf1): the
+contexts carry exactly ``CallbackContext``'s fields (the ones each ``fire`` passes, the rest
+None), the events fire in the extract's order before, inside and after the loop, the loop
+runs while its extracted condition holds (read again each pass, so lowering
+``cfg.train.train_iters`` ends it), and the step and FLOP counters move where the extract
+says (after ``on_train_step_end``). ``forward_step_double`` has the extracted parameters.
+
+What it runs: Megatron-Core's real ``initialize_model_parallel`` on gloo with the config's
+tp, pp, cp and hierarchical sizes, and per pipeline stage a few tiny blocks whose
+``AttentionDouble`` modules carry ``cp_comm_type``, ``cp_group`` and ``cp_global_ranks`` as
+Megatron-Core's ``TEDotProductAttention`` hands them to TE (``[a2a, p2p]`` for a2a+p2p,
+the flat CP group otherwise). ``plant_wrong_group`` gives one module on rank 0 its levels
+swapped, which the runner's CP proof must catch. ``te_log_line`` makes the first attention
+forward log a line on TE's logger, as TE's backend selection does with NVTE_DEBUG.
+
+Run as a script, it is one rank of tests/job/bridge/test_bridge_runner_double.py.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+PROTOCOL = json.loads((Path(__file__).parents[2] / "data" / "bridge_protocol.json").read_text())
+
+
+def _section(fields: dict, name: str) -> SimpleNamespace:
+    return SimpleNamespace(**{k.split(".", 1)[1]: v for k, v in fields.items()
+                              if k.startswith(name + ".") and k.count(".") == 1})
+
+
+def build_container_double(fields: dict) -> SimpleNamespace:
+    """The trial's field mapping as nested namespaces (paths checked elsewhere against
+    Bridge's real field names: tests/data/bridge_fields.json)."""
+    heads = {k.split(".")[0] for k in fields if "." in k}
+    return SimpleNamespace(**{h: _section(fields, h) for h in heads})
+
+
+class AttentionDouble(torch.nn.Module):
+    """A linear mix standing in for TE's attention, holding the CP settings TE keeps."""
+
+    def __init__(self, hidden: int, *, cp_comm_type: str, cp_group: Any, cp_global_ranks,
+                 te_log_line: Optional[str]) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.cp_comm_type, self.cp_group, self.cp_global_ranks = (
+            cp_comm_type, cp_group, cp_global_ranks)
+        self.te_log_line = te_log_line
+
+    def forward(self, x):
+        if self.te_log_line:  # once, as TE logs its choice once per new set of shapes
+            logger = logging.getLogger("DotProductAttention")
+            logger.setLevel(logging.DEBUG)  # what TE sets with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2
+            logger.debug(self.te_log_line)
+            self.te_log_line = None
+        return x + torch.tanh(self.proj(x))
+
+
+def is_attention_double(module: Any) -> bool:
+    return isinstance(module, AttentionDouble)
+
+
+def _cp_settings(model_cfg) -> dict:
+    from megatron.core import parallel_state as ps
+
+    comm = getattr(model_cfg, "cp_comm_type", None) or "p2p"
+    flat = ps.get_context_parallel_group()
+    if comm == "a2a+p2p":
+        group: Any = list(ps.get_hierarchical_context_parallel_groups())
+    else:
+        group = flat
+    return dict(cp_comm_type=comm, cp_group=group,
+                cp_global_ranks=ps.get_context_parallel_global_ranks())
+
+
+def _context(**given) -> SimpleNamespace:
+    """A context with exactly CallbackContext's fields (those not given: None)."""
+    unknown = set(given) - set(PROTOCOL["context_fields"])
+    assert not unknown, f"the double passes fields CallbackContext lacks: {unknown}"
+    return SimpleNamespace(**{f: given.get(f) for f in PROTOCOL["context_fields"]})
+
+
+def forward_step_double(state, data_iterator, model, return_schedule_plan: bool = False):
+    """Bridge's forward_step protocol: (output, loss function of the output)."""
+    batch = next(data_iterator)
+    out = model(batch)
+
+    def loss_func(output):
+        loss = output.float().pow(2).mean()
+        return loss, {"lm loss": loss.detach()}
+    return out, partial(loss_func)
+
+
+class PretrainDouble:
+    """``pretrain(config, forward_step_func, callbacks=None)`` on gloo, per the extract."""
+
+    def __init__(self, *, plant_wrong_group: bool = False,
+                 te_log_line: Optional[str] = None, hidden: int = 16) -> None:
+        self.plant_wrong_group, self.te_log_line, self.hidden = (
+            plant_wrong_group, te_log_line, hidden)
+
+    def __call__(self, config, forward_step_func, callbacks=None) -> None:
+        from megatron.core import parallel_state as ps
+
+        created = not dist.is_initialized()
+        if created:  # Bridge's initialize: torchrun's variables, the configured timeout
+            dist.init_process_group(
+                "gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                timeout=timedelta(minutes=config.dist.distributed_timeout_minutes))
+        m = config.model
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=m.tensor_model_parallel_size,
+            pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+            context_parallel_size=m.context_parallel_size,
+            hierarchical_context_parallel_sizes=m.hierarchical_context_parallel_sizes,
+            create_gloo_process_groups=False)
+        try:
+            self._train(config, forward_step_func, callbacks or [])
+        finally:  # the double runs several trials per process; Bridge runs one
+            ps.destroy_model_parallel()
+            ps._HIERARCHICAL_CONTEXT_PARALLEL_GROUPS = None  # not reset by destroy (groups.py)
+            if created:
+                dist.destroy_process_group()
+
+    def _model(self, config) -> list:
+        m = config.model
+        layers = m.num_layers // m.pipeline_model_parallel_size  # this stage's share
+        cp = _cp_settings(m) if m.context_parallel_size > 1 else dict(
+            cp_comm_type=None, cp_group=None, cp_global_ranks=None)
+        blocks = []
+        for i in range(layers):
+            settings = dict(cp)
+            if self.plant_wrong_group and i == 0 and dist.get_rank() == 0 and isinstance(
+                    settings["cp_group"], list):
+                settings["cp_group"] = settings["cp_group"][::-1]  # levels swapped
+            blocks.append(AttentionDouble(self.hidden, te_log_line=self.te_log_line if i == 0
+                                          else None, **settings))
+        return [torch.nn.Sequential(*blocks)]
+
+    def _train(self, config, forward_step_func, callbacks: list) -> None:
+        model = self._model(config)
+        optimizer = torch.optim.SGD(model[0].parameters(), lr=1e-3)
+        state = SimpleNamespace(cfg=config, train_state=SimpleNamespace(
+            step=0, floating_point_operations_so_far=0))
+        tc = config.train
+        micro = max(1, tc.global_batch_size // tc.micro_batch_size)
+        g = torch.Generator().manual_seed(config.rng.seed)
+
+        def data():
+            while True:
+                yield torch.randn(tc.micro_batch_size, 8, self.hidden, generator=g)
+        it = data()
+        flops = 6.0 * sum(p.numel() for p in model[0].parameters()) * tc.global_batch_size * 8
+        names = {"global_state": state, "train_config": tc}  # train_config = config.train
+
+        def fire(event: str, fields: list[str], **extra) -> None:
+            base = dict(state=state, model=model, user_state={}, optimizer=optimizer,
+                        scheduler=None, **extra)
+            ctx = _context(**{k: v for k, v in base.items() if k in fields})
+            for cb in callbacks:
+                fn = getattr(cb, event, None)
+                if fn is not None:
+                    fn(ctx)
+
+        out: dict = {}
+
+        def train_step() -> None:
+            optimizer.zero_grad()
+            for _ in range(micro):
+                output, loss_func = forward_step_func(state, it, model[0])  # one chunk
+                loss, report = loss_func(output)
+                loss.backward()
+            optimizer.step()
+            out.update(loss_dict=report, grad_norm=0.0, skipped_iter=False)
+
+        before = [e for e in PROTOCOL["train"] if e["where"] == "before"]
+        loop = [e for e in PROTOCOL["train"] if e["where"] == "loop"]
+        after = [e for e in PROTOCOL["train"] if e["where"] == "after"]
+        for e in before:
+            fire(e["fire"], e["context"])
+        while eval(PROTOCOL["loop_condition"], {}, names):  # the extracted condition
+            for e in loop:
+                if "fire" in e:
+                    fire(e["fire"], e["context"], **out)
+                elif e.get("call") == "train_step":
+                    train_step()
+                elif e.get("increment") == "step":
+                    state.train_state.step += 1
+                elif e.get("increment") == "floating_point_operations_so_far":
+                    state.train_state.floating_point_operations_so_far += flops
+        for e in after:
+            if "fire" in e:  # sys.exit only on Bridge's own exit conditions: none here
+                fire(e["fire"], e["context"])
+
+
+def double_stack(**kw):
+    from hcp_tune.job.bridge.runner import BridgeStack
+
+    return BridgeStack(pretrain=PretrainDouble(**kw), forward_step=forward_step_double,
+                       build_container=build_container_double, needs_cuda=False,
+                       is_attention=is_attention_double)
+
+
+def main(scenarios_file: str, out_dir: str) -> None:
+    """One rank: every scenario of the file in turn, each with its own port; rank r writes
+    ``<out_dir>/<name>.rank<r>.json``."""
+    from hcp_tune.job.bridge.runner import run_bridge_trial
+    from hcp_tune.job.dist import DistEnv
+    from hcp_tune.spec import spec_from_json, to_json
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    base = int(os.environ["MASTER_PORT"])
+    for i, sc in enumerate(json.loads(Path(scenarios_file).read_text())):
+        spec = spec_from_json(json.dumps(sc["spec"]))
+        env = DistEnv(rank=rank, local_rank=rank, world_size=world, master_addr="127.0.0.1",
+                      master_port=base + i, source="torchrun")
+        res = run_bridge_trial(spec, env=env, stack=double_stack(**sc.get("double", {})))
+        Path(out_dir, f"{sc['name']}.rank{rank}.json").write_text(to_json(res))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

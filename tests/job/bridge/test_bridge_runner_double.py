@@ -1,0 +1,130 @@
+"""``job.bridge.runner`` end to end on CPU: ``run_bridge_trial`` with the test double of
+Bridge's ``pretrain`` (pretrain_double.py, its protocol from the pinned source's extract),
+four gloo processes running five trials one after another: a measured a2a+p2p run, a
+planted wrong ``cp_group`` on one module (invalid), the stop file (pruned), the time limit
+(failed, time_limit), and pp=2 with two micro-batches per step.
+
+Nothing here is a GPU result: the double checks the runner's control flow, the CP proof on
+the modules, the memory readings' CPU fallback, the stop flag and the failure classes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import make_spec
+
+from hcp_tune.space.layout import Layout, rank_groups
+from hcp_tune.spec import Status, result_from_json
+
+DOUBLE = Path(__file__).with_name("pretrain_double.py")
+WORLD = 4
+TE_LINE = "Selected backend = FusedAttention (sub-backend 1)"
+
+
+def _free_port_block(n: int) -> int:
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65000:
+            return base
+    raise RuntimeError("no free port")
+
+
+def _spec(name: str, layout: Layout, *, pp: int = 1, tmp: Path, **kw):
+    spec = make_spec(layout, seq=64, runner="bridge", trial_id=name, pp=pp, layers=2 * pp,
+                     ffn_hidden=64, expected_groups=rank_groups(
+                         layout, tp=1, pp=pp, gpus_per_node=8).as_dict(),
+                     progress_path=str(tmp / f"{name}.jsonl"), stop_path=str(tmp / f"{name}.stop"),
+                     **kw)
+    return json.loads(json.dumps(dataclasses.asdict(spec)))
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("double")
+    (tmp / "stop.stop").write_text("early stop: slower than [1,4] by 40%")
+    scenarios = [
+        {"name": "ok", "spec": _spec("ok", Layout(2, 2), tmp=tmp),
+         "double": {"te_log_line": TE_LINE}},
+        {"name": "planted", "spec": _spec("planted", Layout(2, 2), tmp=tmp),
+         "double": {"plant_wrong_group": True}},
+        {"name": "stop", "spec": _spec("stop", Layout(2, 2), tmp=tmp)},
+        {"name": "limit", "spec": _spec("limit", Layout(2, 2), tmp=tmp, time_limit_s=1e-3)},
+        {"name": "pp2", "spec": _spec("pp2", Layout(1, 2), pp=2, tmp=tmp, micro_batches=2)},
+    ]
+    (tmp / "scenarios.json").write_text(json.dumps(scenarios))
+    env = {**os.environ, "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port_block(len(scenarios)))}
+    procs = [subprocess.Popen([sys.executable, str(DOUBLE), str(tmp / "scenarios.json"),
+                               str(tmp)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(WORLD)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
+    return {sc["name"]: result_from_json((tmp / f"{sc['name']}.rank0.json").read_text())
+            for sc in scenarios} | {"_logs": logs, "_tmp": tmp}
+
+
+@pytest.mark.multiproc
+def test_the_double_drives_the_runner_to_a_verified_measurement(ran):
+    res = ran["ok"]
+    assert res.status == Status.OK, res.error
+    assert res.verification["cp_active"]["checked"] and not res.verification["cp_active"]["problems"]
+    assert len(res.step_times_s) == 2 and res.median_s > 0  # measure_steps=2 after 1 warm-up
+    assert len(res.verification["lm_loss"]) == 3 and all(res.verification["lm_loss"])
+    # memory: the CPU fallback (peak RSS) of every rank, gathered at on_train_end
+    assert [m["rank"] for m in res.verification["memory"]] == list(range(WORLD))
+    assert res.peak_mem_bytes > 0 and "ru_maxrss" in res.mem_note
+    assert res.flops_per_gpu_step > 0 and res.tflops_per_gpu > 0  # the double's FLOP counter
+    assert res.fingerprint["hosts"] and res.te_backend == TE_LINE.split(" = ")[1]
+    fields = res.verification["bridge_config"]
+    assert fields["model.hierarchical_context_parallel_sizes"] == [2, 2]
+    progress = (ran["_tmp"] / "ok.jsonl").read_text().splitlines()
+    assert len(progress) == 2  # rank 0's measured steps, for early stopping
+
+
+@pytest.mark.multiproc
+def test_a_planted_wrong_cp_group_on_one_module_is_invalid(ran):
+    res = ran["planted"]
+    assert res.status == Status.INVALID
+    assert "rank 0: chunk0.0's CP groups" in res.error and "differ from the plan" in res.error
+
+
+@pytest.mark.multiproc
+def test_the_stop_file_ends_the_bridge_loop_cleanly_as_pruned(ran):
+    res = ran["stop"]
+    assert res.status == Status.PRUNED and res.error == "early stop: slower than [1,4] by 40%"
+    assert len(res.verification["lm_loss"]) == 1  # the step begun ran; on_train_end fired
+    assert len(res.verification["memory"]) == WORLD
+
+
+@pytest.mark.multiproc
+def test_the_time_limit_ends_the_bridge_loop_as_time_limit(ran):
+    res = ran["limit"]
+    assert res.status == Status.FAILED and res.failure_class.value == "time_limit"
+    assert "runner.time_limit_s=0.001 reached at Bridge step 0" in res.error
+
+
+@pytest.mark.multiproc
+def test_the_whole_world_runs_with_pipeline_stages_and_micro_batches(ran):
+    res = ran["pp2"]
+    assert res.status == Status.OK, res.error
+    fields = res.verification["bridge_config"]
+    assert fields["model.pipeline_model_parallel_size"] == 2
+    assert fields["train.global_batch_size"] == 2  # mbs 1 * dp 1 * 2 micro-batches
+    assert res.world_size == WORLD
