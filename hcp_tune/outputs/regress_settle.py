@@ -37,8 +37,12 @@ def sweep_args(key: tuple, tag: str, repeats: int, extra: tuple[str, ...] = ()) 
     """The sweep that brings a key's layouts under ``tag`` to ``repeats`` trials each (a
     sweep resumes: it measures only the trials not yet stored). ``extra`` overrides go
     first, the key and tag last, so they cannot move the sweep to another key."""
-    fields = [f"{k}={v}" for k, v in zip(COMPARED, key)
-              if k != "pp" or v != OLDER_ROW_DEFAULTS["pp"]]
+    given = dict(zip(COMPARED, key))
+    fields = [f"{k}={v}" for k, v in given.items()
+              if k != "micro_batches" and v != OLDER_ROW_DEFAULTS.get(k)]
+    m = given.get("micro_batches") or 1
+    if m != 1:  # the key's micro-batches per step come from the global batch: gbs/(mbs*dp)
+        fields.append(f"gbs={m * (given.get('mbs') or 1) * (given.get('dp') or 1)}")
     return ["sweep", *extra, *fields, f"env_tag={tag}", f"search.repeats={repeats}",
             "search.early_stop=false"]
 

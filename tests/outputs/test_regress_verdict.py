@@ -11,7 +11,7 @@ from hcp_tune.outputs.regress_verdict import memory_not_measured, trials_to_sett
 from hcp_tune.outputs.regress_view import next_steps, summary_line, verdict_text
 
 OPTS = Options(baseline="old", candidate="new")
-KEY = ("local", "tiny", 1, 1, 4, 4096, "attention")
+KEY = ("local", "tiny", 1, 1, 4, 4096, "attention", 1, 1, 1)  # regress.COMPARED: dp, mbs, m last
 
 
 @pytest.mark.parametrize("lo,hi,expected", [
@@ -249,3 +249,16 @@ def test_the_recorded_injected_delay_is_confirmed_on_the_ring_only():
     verdicts = {c.layout: c.verdict for c in rep.comparisons}
     assert verdicts["[1,2]"] == "regression" and rep.exit_code == 1
     assert any("HCP_TUNE_INJECT_DELAY=p2p:0.05" in w for w in rep.warnings)
+
+
+def test_the_settling_sweep_names_only_the_key_fields_off_their_defaults():
+    """dp, mbs and the micro-batches joined the key: at their defaults the command leaves
+    them out (as pp=1); a key's micro-batches come back as the global batch gbs=m*mbs*dp."""
+    from hcp_tune.outputs.regress_settle import sweep_args
+
+    bridge = ("local", "tiny", 1, 2, 4, 4096, "bridge", 2, 1, 8)
+    assert sweep_args(bridge, "t", 5)[1:9] == [
+        "cluster=local", "model=tiny", "tp=1", "pp=2", "cp=4", "seq=4096", "runner=bridge",
+        "dp=2"]
+    assert "gbs=16" in sweep_args(bridge, "t", 5)
+    assert not any(a.startswith(("dp=", "mbs=", "gbs=")) for a in sweep_args(KEY, "t", 5))
