@@ -30,8 +30,10 @@ def stamp(argv: list[str] | None = None) -> str:
     """The stamp block (an HTML comment, invisible when rendered) for this run."""
     argv = sys.argv if argv is None else argv
     commit = _git("rev-parse", "--short", "HEAD") or "unknown"
-    if _git("status", "--porcelain", "--untracked-files=no"):
-        commit += " (with uncommitted changes)"
+    changed = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no")
+               .splitlines() if "benchmarks/RESULTS-" not in line]  # the files it writes
+    if changed:
+        commit += " (with uncommitted changes to " + ", ".join(changed) + ")"
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}"
     lines = {
