@@ -95,7 +95,8 @@ def read_result(spec: TrialSpec) -> Optional[TrialResult]:
 def read_progress(path: Optional[str]) -> list[float]:
     """Measured step times a running trial has written so far.
 
-    The job appends one JSON line per measured step (``{"step": i, "time_s": t}``).
+    The job appends one JSON line per measured step (``{"step": i, "time_s": t}``,
+    ``hcp_tune.job.progress.record_step``); warm-up steps are never written.
     """
     if not path or not Path(path).exists():
         return []
@@ -105,9 +106,8 @@ def read_progress(path: Optional[str]) -> list[float]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # the line being written right now
-        value = rec.get("time_s", rec.get("step_s"))
-        if rec.get("phase", "measure") == "measure" and value is not None:
-            times.append(float(value))
+        if "time_s" in rec:
+            times.append(float(rec["time_s"]))
     return times
 
 
