@@ -101,10 +101,6 @@ class RunnerConfig:
     warmup_steps: int = _f("discarded steps before timing", min=0, max=1000)
     measure_steps: int = _f("timed steps; the median is ranked", max=1_000_000)
     time_limit_s: float = _f("per trial, seconds")
-    inject_fault: Optional[Literal["cp_off", "no_groups", "raise", "kill_rank", "hang_rank"]] = \
-        _f("tests only: plant a failure the checks must catch")
-    inject_fault_seq: Optional[int] = _f(
-        "tests only: plant inject_fault only in trials of this sequence length", max=SEQ_MAX)
     recipe: Optional[str] = _f("runner=bridge: a Bridge recipe function to start from; "
                                "null: a GPT built from the model profile's dimensions")
     overrides: list[str] = _f("runner=bridge: Bridge KEY=VALUE overrides, applied last")
