@@ -271,43 +271,56 @@ def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list
     out.print("\nPython:\n  " + "\n  ".join(escape(p) for p in python))
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.1f}"
+TABLE_WIDTH = 100  # every default table fits this many columns; the rest: format=json
+
+
+def human_time(seconds: float) -> str:
+    """A duration in the unit a person reads: ms below a second, s from there on."""
+    if seconds == 0:
+        return "0"
+    if seconds >= 100:
+        return f"{seconds:.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.1f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.2f} ms"
 
 
 def print_predict(pred: dict[str, Any]) -> None:
-    """The cost model's table: every number PREDICTED, with the parameters' source."""
+    """The cost model's table: every number PREDICTED, with the parameters' source. The
+    default table holds the breakdown's five parts and fits TABLE_WIDTH columns; the terms
+    inside each part (short blocks, few heads, messages, shared link, ring steps) are in
+    ``format=json``."""
+    from rich import box
+
     rows = pred["candidates"]
-    table = Table(
-        title=f"PREDICTED (cost model, not measured): model={pred['model']} "
-        f"cluster={pred['cluster']} cp={pred['cp']} pp={pred['pp']} mbs={pred['mbs']} "
-        f"gbs={pred['gbs']} recompute={pred['recompute']} {pred['dtype']}; "
-        f"params: {pred['params_source']}",
-        show_lines=False,
-    )
-    for col in ("tp", "seq", "rank", "[a2a,p2p]", "comm", "step ms (pred)", "vs best",
-                "compute ms", "of it short blocks / few heads ms", "exposed a2a ms",
-                "of it messages / shared link ms", "exposed p2p ms", "of it ring steps ms",
-                "other ms",
-                "memory GiB (pred)", "fits", "note"):
-        table.add_column(escape(col), overflow="fold")
+    table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, show_lines=False)
+    for col in ("#", "tp", "seq", "[a2a,p2p]", "step", "vs best", "compute", "a2a", "p2p",
+                "other", "GiB", "fits", "note"):
+        table.add_column(escape(col), overflow="fold",
+                         max_width=18 if col == "note" else None,
+                         justify="left" if col in ("[a2a,p2p]", "fits", "note") else "right")
     for r in rows:
-        b, t = r["breakdown_s"], r["terms_s"]
+        b = r["breakdown_s"]
         fits = "yes" if r["fits_memory"] else f"[red]no (> {pred['gpu_memory_gib']:g})[/]"
         table.add_row(
-            str(r["tp"]), str(r["seq"]), str(r["rank"] or "-"), escape(f"[{r['a2a']},{r['p2p']}]"),
-            r["comm_type"], _ms(r["predicted_step_time_s"]), f"{r['vs_best']:.3f}x",
-            _ms(b["compute_s"]),
-            f"{_ms(t['compute_short_block_s'])} / {_ms(t['compute_few_heads_s'])}",
-            _ms(b["exposed_a2a_s"]),
-            f"{_ms(t['a2a_messages_s'])} / {_ms(t['a2a_shared_link_s'])}",
-            _ms(b["exposed_p2p_s"]), _ms(t["ring_step_overhead_s"]),
-            _ms(b["other_s"]), f"{r['predicted_memory_gib']:.1f}", fits,
+            str(r["rank"] or "-"), str(r["tp"]), str(r["seq"]),
+            escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"),
+            human_time(r["predicted_step_time_s"]), f"{r['vs_best']:.3f}x",
+            human_time(b["compute_s"]), human_time(b["exposed_a2a_s"]),
+            human_time(b["exposed_p2p_s"]), human_time(b["other_s"]),
+            f"{r['predicted_memory_gib']:.1f}", fits,
             escape("; ".join(r["flags"])) or "-",
         )
     out = console()
     _notes(pred)
-    out.print(table)
+    out.print(escape(
+        f"PREDICTED (cost model, not measured): model={pred['model']} "
+        f"cluster={pred['cluster']} cp={pred['cp']} pp={pred['pp']} mbs={pred['mbs']} "
+        f"gbs={pred['gbs']} recompute={pred['recompute']} {pred['dtype']}; "
+        f"params: {pred['params_source']}"))
+    out.print("step = compute + exposed a2a + exposed p2p + other (per layer terms: "
+              "format=json); GiB: predicted peak memory per GPU")
+    out.print(table, width=TABLE_WIDTH)
     from hcp_tune.costmodel.memory import advice_line
 
     for a in pred.get("fit_advice", []):

@@ -171,3 +171,23 @@ def test_the_readme_main_command_follows_the_bridge_recipe_and_fits():
     assert out["pp"] == 2 and {c["tp"] for c in out["candidates"]} == {4}
     assert out["candidates"] and all(c["fits_memory"] for c in out["candidates"])
     assert out["fit_advice"] == []
+
+
+def test_the_main_commands_predicted_table_fits_100_columns_with_readable_units():
+    """`sweep cp=8 seq=131072` on a machine without GPU or SLURM predicts (runner=auto);
+    runner=model is the same table anywhere. Step times of minutes print in s, not as
+    `381,158.3` ms; the per-term breakdown is behind format=json."""
+    import re
+
+    r = run("sweep", "cp=8", "seq=131072", "runner=model")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["#", "tp"])
+    end = next(i for i in range(start, len(lines) + 1) if i == len(lines) or not lines[i].strip())
+    table = lines[start:end]
+    assert len(table) >= 4  # header, rule, one row per kept layout ([1,8] and [2,4])
+    assert all(len(line) <= 100 for line in table), "\n".join(table)
+    for row in table[2:]:
+        step = re.search(r"\] (?:p2p|a2a\+p2p|a2a)\s+(\S+ \S+)", row).group(1)
+        assert re.fullmatch(r"\d+(\.\d+)? s", step), row  # seconds-long steps in s
+        assert "," not in row
