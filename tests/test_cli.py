@@ -52,6 +52,19 @@ def test_plan_table_is_readable_when_piped():
     assert "[a2a,p2p]" in r.stdout and "[2,2]" in r.stdout and "a2a+p2p" in r.stdout
 
 
+def test_plan_table_fits_100_columns_and_groups_say_what_was_left_out():
+    r = run("plan", "cp=8", "tp=4", "pp=2", "seq=131072", "cluster=dgx-h100")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["tp", "seq"])
+    end = next(i for i, line in enumerate(lines) if line.startswith("groups "))
+    assert end - start > 4 and all(len(line) <= 100 for line in lines[start:end])
+    assert "[heads-a2a] a2a size 4 does not divide" in r.stdout  # the reason, at word breaks
+    groups = [line for line in lines if line.startswith("groups tp=4 seq=131072 [2,4]: ")]
+    assert groups and "+28 more" in groups[0]  # 32 a2a groups over 64 ranks, 4 shown
+    assert "format=json lists every group" in r.stdout
+
+
 def test_plan_preset_from_sweeps_and_override_wins():
     r = run("plan", "sweeps=cpu-smoke", "cp=2", "format=json")
     plan = json.loads(r.stdout)

@@ -34,29 +34,38 @@ def _groups(groups: list[list[int]]) -> str:
 
 
 def print_plan(plan: dict[str, Any]) -> None:
+    """The layouts as a table of TABLE_WIDTH columns (why each is rejected or flagged, at
+    word breaks), then each layout's rank groups on a line of its own (the first
+    MAX_GROUPS_SHOWN per level; ``format=json`` lists every group)."""
+    from rich import box
+
     rows = plan["candidates"]
     kept = sum(r["kept"] for r in rows)
-    table = Table(
-        title=f"plan: model={plan['model']} cluster={plan['cluster']} cp={plan['cp']} "
-        f"pp={plan['pp']} ({kept} kept, {len(rows) - kept} rejected)",
-        show_lines=True,
-    )
-    for col in ("tp", "seq", "[a2a,p2p]", "comm", "status", "world", "nodes", "crosses",
-                "a2a groups (level 0)", "p2p groups (level 1)", "why"):
-        table.add_column(escape(col), overflow="fold")
+    out = console()
+    _notes(plan)
+    out.print(escape(f"plan: model={plan['model']} cluster={plan['cluster']} cp={plan['cp']} "
+                     f"pp={plan['pp']} ({kept} kept, {len(rows) - kept} rejected)"))
+    table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, show_lines=True)
+    for col in ("tp", "seq", "[a2a,p2p]", "status", "world", "nodes", "crosses", "why"):
+        table.add_column(escape(col), overflow="fold", ratio=1 if col == "why" else None,
+                         justify="right" if col in ("tp", "seq", "world", "nodes") else "left")
     for r in rows:
         status = "kept" if r["kept"] else "rejected"
         why = "; ".join(r["reasons"] + [f"note: {f}" for f in r["flags"]]) or "-"
         table.add_row(
-            str(r["tp"]), str(r["seq"]), escape(f"[{r['a2a']},{r['p2p']}]"), r["comm_type"],
+            str(r["tp"]), str(r["seq"]), escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"),
             f"[green]{status}[/]" if r["kept"] else f"[red]{status}[/]",
-            str(r["world_size"]), str(r["nodes"]), r["crosses_nodes"],
-            _groups(r["groups"]["a2a"]), _groups(r["groups"]["p2p"]), escape(why),
+            str(r["world_size"]), str(r["nodes"]), r["crosses_nodes"], escape(why),
         )
-    _notes(plan)
-    console().print(table)
+    out.print(table, width=TABLE_WIDTH)
+    for r in rows:
+        out.print(escape(f"groups tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: a2a "
+                         f"{_groups(r['groups']['a2a'])} | p2p {_groups(r['groups']['p2p'])}"))
+    if any(len(g) > MAX_GROUPS_SHOWN for r in rows for g in r["groups"].values()):
+        out.print(f"(first {MAX_GROUPS_SHOWN} groups per level shown; format=json lists "
+                  "every group)")
     if plan.get("estimate"):
-        console().print(escape(f"sweep cost of the kept layouts: {plan['estimate']['text']}"))
+        out.print(escape(f"sweep cost of the kept layouts: {plan['estimate']['text']}"))
 
 
 def _notes(data: dict[str, Any]) -> None:
