@@ -249,20 +249,33 @@ def _fmt(v: Any, spec: str = ".4g") -> str:
 
 
 def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
-    table = Table(title=escape(title), show_lines=True)
-    for col in ("cluster", "model", "tp", "cp", "seq", "env_tag", "best", "median s",
-                "peak mem GiB", "runner-up", "margin", "tie", "vs p2p", "vs a2a", "trials"):
-        table.add_column(escape(col), overflow="fold")
+    """The ranked keys: one table of TABLE_WIDTH columns per (cluster, model, env_tag),
+    named on the line above it (a sweep has one); every column is in recommendations.csv."""
+    from rich import box
+
+    out = console()
+    out.print(escape(title))
+    groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in recs:
-        mem = r.get("peak_mem_bytes")
-        table.add_row(
-            r["cluster"], r["model"], str(r["tp"]), str(r["cp"]), str(r["seq"]), str(r["env_tag"]),
-            escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"), _fmt(r["median_s"]),
-            _fmt(mem / 2**30 if mem and mem == mem else None, ".3f"), escape(str(r.get("runner_up") or "-")),
-            _fmt(r.get("margin"), ".1%"), "tie" if r.get("tie") else "", _fmt(r.get("speedup_vs_p2p"), ".2f"),
-            _fmt(r.get("speedup_vs_a2a"), ".2f"), str(r["trials"]),
-        )
-    console().print(table)
+        groups.setdefault((r["cluster"], r["model"], str(r["env_tag"])), []).append(r)
+    for (cluster, model, env_tag), rows in groups.items():
+        out.print(escape(f"cluster={cluster} model={model} env_tag={env_tag}"))
+        table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+        for col in ("tp", "cp", "seq", "best", "median", "GiB", "runner-up", "margin", "tie",
+                    "vs p2p", "vs a2a", "trials"):
+            table.add_column(escape(col), overflow="fold",
+                             justify="left" if col in ("best", "runner-up", "tie") else "right")
+        for r in rows:
+            mem = r.get("peak_mem_bytes")
+            table.add_row(
+                str(r["tp"]), str(r["cp"]), str(r["seq"]),
+                escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"), human_time(r["median_s"]),
+                _fmt(mem / 2**30 if mem and mem == mem else None, ".2f"),
+                escape(str(r.get("runner_up") or "-")), _fmt(r.get("margin"), ".1%"),
+                "tie" if r.get("tie") else "", _fmt(r.get("speedup_vs_p2p"), ".2f"),
+                _fmt(r.get("speedup_vs_a2a"), ".2f"), str(r["trials"]),
+            )
+        out.print(table, width=TABLE_WIDTH)
 
 
 def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list[str]) -> None:
