@@ -6,7 +6,6 @@ no profile). Neither imports torch or pandas. A bad argument is a ``RegressError
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from hcp_tune.outputs.regress import RegressError
@@ -48,7 +47,12 @@ def _rows(results_dir: Path) -> list[dict]:
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+    """A tag as part of a file name: a name (letters, digits, . _ -, what env_tag allows)
+    as it is, anything else percent-encoded, so two tags never share a file ('a/b' ->
+    'a%2Fb', 'a_b' -> 'a_b')."""
+    from urllib.parse import quote
+
+    return quote(text, safe="").replace("~", "%7E")
 
 
 def cmd_regress(args: list[str]) -> int:
