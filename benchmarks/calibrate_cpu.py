@@ -152,7 +152,10 @@ def main() -> int:
     out.append(f"## All rows\n\nFit on all {rep.n} rows: rms {rep.rms_rel_error:.1%}, max "
                f"{rep.max_rel_error:.1%}; stored as `{Path(path).relative_to(REPO) if Path(path).is_relative_to(REPO) else path}` "
                f"(used by `predict cluster=local env_tag={ENV_TAG}`).\n")
-    Path(args.out).write_text("\n".join(out))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from stamp import write_results
+
+    write_results(args.out, "\n".join(out))
     print("\n".join(out))
     return 0
 

@@ -142,6 +142,8 @@ def cmd_sweep(args: list[str]) -> int:
 
     cfg = config.load(args)
     runner, reason = predict.resolve_runner(cfg.runner.name)
+    if runner != "model":  # it will write there: say so now, not after a job ran
+        config.writable_dir(cfg.results_dir)
     ui.print_sweep_runner(reason)
     if runner == "model":
         _show(cfg.format, predict.predict_rows(cfg), "print_predict")
@@ -192,6 +194,7 @@ def cmd_trial(args: list[str]) -> int:
     cand = cands[a2a]
     if not cand.kept:
         raise ConfigError(f"a2a={a2a}: layout {cand.layout.label} is rejected: {cand.reasons[0]}")
+    config.writable_dir(cfg.results_dir)
     from hcp_tune.engine.launch import run_local
     from hcp_tune.engine.sweep import spec_for
     from hcp_tune.spec import to_json

@@ -44,6 +44,27 @@ class FailureClass(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
+# Faults a test may plant in a trial (the checks must catch each). Never a config key: the
+# orchestrator reads them from FAULT_ENV, ``<fault>`` or ``<fault>@<seq>`` (only trials of
+# that sequence length), as HCP_TUNE_INJECT_DELAY is read by the job.
+FAULTS = (None, "cp_off", "no_groups", "raise", "kill_rank", "hang_rank")
+FAULT_ENV = "HCP_TUNE_INJECT_FAULT"
+
+
+def fault_from_env(seq: int, environ: Optional[dict] = None) -> Optional[str]:
+    """The fault FAULT_ENV plants in a trial of length ``seq``, or None (unset or empty).
+    A malformed value raises ValueError with the form expected."""
+    value = (os.environ if environ is None else environ).get(FAULT_ENV, "").strip()
+    if not value:
+        return None
+    fault, _, at = value.partition("@")
+    if fault not in FAULTS[1:] or (at and not at.isdigit()):
+        raise ValueError(
+            f"{FAULT_ENV}={value!r}: expected <fault>[@<seq>] with a fault among "
+            f"{', '.join(FAULTS[1:])} (a testing aid; unset it for real measurements)")
+    return fault if not at or int(at) == seq else None
+
+
 @dataclass(kw_only=True)
 class TrialSpec:
     """What one trial runs: one layout, once, on one allocation."""

@@ -90,9 +90,12 @@ TINY = ["model=tiny", "cluster=local", "runner=attention", "runner.warmup_steps=
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
-def hcp(*args, timeout=600):
+def hcp(*args, timeout=600, fault=None):
+    """``python -m hcp_tune ARGS``; ``fault`` plants a test fault in its trials through
+    HCP_TUNE_INJECT_FAULT (``<fault>`` or ``<fault>@<seq>``), never a config key."""
+    env = {**ENV, "HCP_TUNE_INJECT_FAULT": fault} if fault else ENV
     return subprocess.run([sys.executable, "-m", "hcp_tune", *args], capture_output=True,
-                          text=True, cwd=REPO, env=ENV, timeout=timeout)
+                          text=True, cwd=REPO, env=env, timeout=timeout)
 
 def start(*args):
     return subprocess.Popen([sys.executable, "-m", "hcp_tune", *args], stdout=subprocess.PIPE,

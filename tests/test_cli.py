@@ -52,6 +52,19 @@ def test_plan_table_is_readable_when_piped():
     assert "[a2a,p2p]" in r.stdout and "[2,2]" in r.stdout and "a2a+p2p" in r.stdout
 
 
+def test_plan_table_fits_100_columns_and_groups_say_what_was_left_out():
+    r = run("plan", "cp=8", "tp=4", "pp=2", "seq=131072", "cluster=dgx-h100")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["tp", "seq"])
+    end = next(i for i, line in enumerate(lines) if line.startswith("groups "))
+    assert end - start > 4 and all(len(line) <= 100 for line in lines[start:end])
+    assert "[heads-a2a] a2a size 4 does not divide" in r.stdout  # the reason, at word breaks
+    groups = [line for line in lines if line.startswith("groups tp=4 seq=131072 [2,4]: ")]
+    assert groups and "+28 more" in groups[0]  # 32 a2a groups over 64 ranks, 4 shown
+    assert "format=json lists every group" in r.stdout
+
+
 def test_plan_preset_from_sweeps_and_override_wins():
     r = run("plan", "sweeps=cpu-smoke", "cp=2", "format=json")
     plan = json.loads(r.stdout)
@@ -75,6 +88,9 @@ def test_plan_preset_from_sweeps_and_override_wins():
         (["cp"], "malformed override 'cp': expected KEY=VALUE"),
         (["foo=1"], "foo: unknown key; expected one of: cp, seq, tp"),
         (["dtype=fp8"], "dtype='fp8': expected one of bf16, fp16, fp32"),
+        (["env_tag=a/b"], "env_tag='a/b': expected a name of letters, digits, '.', '_' and '-'"),
+        (["env_tag=../../x"], "env_tag='../../x': expected a name of letters, digits"),
+        (["env_tag=.."], "env_tag='..': expected a name of letters, digits"),
     ],
 )
 def test_plan_bad_input_is_one_line_exit_2(args, message):
@@ -83,6 +99,43 @@ def test_plan_bad_input_is_one_line_exit_2(args, message):
     assert message in r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
     assert all(line.startswith("hcp-tune: error: ") for line in r.stderr.splitlines())
+
+
+def test_an_env_tag_name_with_dots_and_dashes_is_accepted():
+    r = run("plan", "cp=2", "seq=4096", "env_tag=te-2.10_rc1", "format=json")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("results_dir,why", [
+    ("/proc/hcp-tune-nope", "No such file or directory"),  # /proc takes no new folders
+    ("{tmp}/a-file/results", "Not a directory"),
+])
+@pytest.mark.parametrize("command", [["sweep", "runner=attention"], ["trial", "a2a=1"]])
+def test_an_unwritable_results_dir_is_one_line_before_anything_runs(
+        tmp_path, command, results_dir, why):
+    (tmp_path / "a-file").write_text("")
+    results_dir = results_dir.format(tmp=tmp_path)
+    r = run(*command, "cluster=local", "model=tiny", "cp=2", "seq=256", "executor=local",
+            f"results_dir={results_dir}", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr == (f"hcp-tune: error: results_dir='{results_dir}': cannot write there "
+                        f"({why}); expected a folder this user can create and write, e.g. "
+                        "results_dir=results\n")
+    assert r.stdout == "" and not (tmp_path / "results").exists()
+
+
+def test_an_empty_environment_variable_counts_as_unset():
+    r = run("plan", "cp=2", "seq=4096", env={"HCP_TUNE_CONF_DIR": "", "HCP_TUNE_CONFIG_PATH": ""})
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_bad_conf_dir_blames_the_environment_not_the_overrides(tmp_path):
+    r = run("plan", "cp=8", "seq=131072", env={"HCP_TUNE_CONF_DIR": "nowhere"}, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == (f"hcp-tune: error: HCP_TUNE_CONF_DIR='nowhere': no config.yaml in "
+                        f"{tmp_path / 'nowhere'}; expected a folder laid out like hcp-tune's "
+                        "conf/ (or unset it)\n")
+    assert "override" not in r.stderr
 
 
 def test_several_problems_are_reported_together():

@@ -18,9 +18,10 @@ SWEEP = ["sweep", "cluster=local", "model=tiny", "cp=2", "seq=256", "runner=atte
          "executor=local", *FAST]
 
 
-def hcp(cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def hcp(cwd: Path, *args: str, timeout: int = 300, fault: str = "") -> subprocess.CompletedProcess:
+    env = {**ENV, "HCP_TUNE_INJECT_FAULT": fault} if fault else ENV
     return subprocess.run([sys.executable, "-m", "hcp_tune", *args], capture_output=True,
-                          text=True, cwd=cwd, env=ENV, timeout=timeout)
+                          text=True, cwd=cwd, env=env, timeout=timeout)
 
 
 def rows(results: Path) -> list[dict]:
@@ -75,7 +76,7 @@ def test_trial_refuses_runner_model_in_one_line(tmp_path):
 def test_a_sweep_that_measured_nothing_exits_1_and_stored_failures_can_be_retried(tmp_path):
     """Issue 8 §4.2 and §4.3: the sweep exited 0 with a header-less recommendations.csv, and
     running it again after the fix did nothing ("resumed: 2 already stored")."""
-    r = hcp(tmp_path, *SWEEP, "runner.inject_fault=raise")  # every trial raises
+    r = hcp(tmp_path, *SWEEP, fault="raise")  # every trial raises
     assert r.returncode == 1, r.stdout + r.stderr
     assert ("sweep: nothing measured: 2 trial(s) failed or were invalid (unknown: 2); "
             f"errors in {tmp_path / 'results' / 'trials.csv'}") in r.stderr
@@ -86,7 +87,7 @@ def test_a_sweep_that_measured_nothing_exits_1_and_stored_failures_can_be_retrie
     assert table == []
 
     # the same command again: nothing to run, and the message names the option
-    r = hcp(tmp_path, *SWEEP, "runner.inject_fault=raise")
+    r = hcp(tmp_path, *SWEEP, fault="raise")
     assert r.returncode == 1
     assert "0 trial(s) to run; resumed: 2 already stored" in r.stdout
     assert "search.retry=failed" in r.stdout and "search.retry=failed" in r.stderr

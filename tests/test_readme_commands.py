@@ -1,9 +1,11 @@
-"""Every ``python -m hcp_tune ...`` command of README.md's code blocks, run as committed.
+"""Every ``python -m hcp_tune ...`` command of the code blocks of README.md and of the docs
+site's pages (``docs/**/*.md``), run as committed.
 
-README.md is read when the test runs, so the README cannot drift from the code: a command
-added there is either covered by the rules below or fails with "no mapping for README
-command ...". The commands run in README order in one fresh folder (the working directory,
-defaults untouched), as a user following the README would type them. How each is run:
+They are read when the test runs, so neither can drift from the code: a command added
+there is either covered by the rules below or fails with "no mapping for README command
+...". The commands run in order (README first, then the docs pages by path; a command
+that appears twice runs once) in one fresh folder (the working directory, defaults
+untouched), as a user following them would type them. How each is run:
 
 - **Pure commands** (``plan``, ``predict``, ``validate``, and ``sweep ... runner=model``)
   run exactly as typed: they never measure, so they are fast on any profile. Expected:
@@ -93,6 +95,13 @@ def _hcp_command(tokens: list[str]) -> Optional[tuple[str, ...]]:
                 and re.fullmatch(r"hcp_tune(\.\w+)*", module)):
             return tuple(tokens[i + 2:])
     return None
+
+
+def documented_commands() -> list[tuple[str, ...]]:
+    """README.md's commands, then each docs page's, each distinct command once."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    commands = [c for page in pages for c in readme_commands(page.read_text())]
+    return list(dict.fromkeys(commands))
 
 
 def text_of(command: tuple[str, ...]) -> str:
@@ -266,9 +275,27 @@ def test_a_command_nobody_mapped_is_named():
     assert plan_for(("hcp_tune", "plan", "cp=2")).args == ("hcp_tune", "plan", "cp=2")
 
 
+def test_readme_is_short_and_docs_stay_inside_the_repository():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    for page in [REPO / "README.md", *(REPO / "docs").rglob("*.md")]:
+        text = page.read_text()
+        assert "../shared" not in text and "/work/" not in text, page
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+            assert (page.parent / target).resolve().is_relative_to(REPO), (page, target)
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme):  # no site here
+        assert (REPO / target).exists(), f"README links to {target}, which is not a file"
+
+
+def test_docs_commands_are_collected_once_each():
+    commands = documented_commands()
+    assert len(commands) == len(set(commands))
+    assert ("hcp_tune.costmodel.calibrate", "rows.jsonl", "results_dir=results") in commands
+
+
 @pytest.mark.readme
 def test_every_readme_command_runs_as_documented(slurm_cluster, tmp_path):
-    commands = readme_commands((REPO / "README.md").read_text())
+    commands = documented_commands()
     assert len(commands) >= 5, commands  # the README has its examples
     for name, content in FILES.items():
         (tmp_path / name).write_text(content)

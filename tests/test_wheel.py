@@ -5,8 +5,9 @@ Builds the wheel from a copy of the sources, installs it (not editable) into a f
 virtual environment without system site-packages, and runs the orchestrator from an
 unrelated folder with PYTHONPATH cleared, so nothing can be found through the checkout.
 For the container, this lane's environment (torch, numpy and Megatron-Core installed:
-0.16 on Python 3.11, 0.19 on 3.12) stands in for it, and ``pip install --dry-run --report``
-says what the README's commands would change there.
+0.16 on Python 3.11, 0.19 on 3.12) stands in for it: ``pip install --dry-run --report``
+says what the documented commands would install, and every requirement of what the
+``--no-deps`` container command installs must already be met there.
 Marked ``wheel`` (``-m wheel``): .ci/run times it on its own.
 """
 from __future__ import annotations
@@ -141,18 +142,54 @@ STACK = ("torch", "numpy", "megatron-core")  # the container's: never to be chan
 JOB_ADDS = ("submitit", "cloudpickle")       # what the job side needs besides the stack
 
 
-def _would_install(tmp_path, *args) -> dict[str, str]:
-    """{normalised name: version} that ``pip install ARGS`` would install here."""
+def _report(tmp_path, *args) -> list[dict]:
+    """The items ``pip install --dry-run --report`` says ``pip install ARGS`` would install."""
     report = tmp_path / "report.json"
     _run([sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", report, *args])
-    return {re.sub(r"[-_.]+", "-", i["metadata"]["name"].lower()): i["metadata"]["version"]
-            for i in json.loads(report.read_text())["install"]}
+    return json.loads(report.read_text())["install"]
 
 
-def test_container_install_adds_only_hcp_tune_submitit_and_cloudpickle(wheel, tmp_path):
-    """The README's command for the Bridge container."""
-    got = _would_install(tmp_path, "--no-deps", wheel, *JOB_ADDS)
-    assert "hcp-tune" in got and set(got) <= {"hcp-tune", *JOB_ADDS}, got
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.lower())
+
+
+def _would_install(tmp_path, *args) -> dict[str, str]:
+    """{normalised name: version} that ``pip install ARGS`` would install here."""
+    return {_norm(i["metadata"]["name"]): i["metadata"]["version"]
+            for i in _report(tmp_path, *args)}
+
+
+def test_container_install_leaves_no_requirement_of_the_job_side_unmet(wheel, tmp_path):
+    """The container command installs with ``--no-deps``, so it adds exactly what it names
+    (that needs no test). What can break is the other side: a requirement of submitit or
+    cloudpickle that the container does not already hold. This lane's environment is the
+    container's stand-in (the 3.12 lane is pinned to a Bridge 0.6 container's versions:
+    ci/constraints-py312.txt); every requirement of what the command installs must be met
+    by what is installed here or by the command itself."""
+    from packaging.requirements import Requirement
+
+    items = _report(tmp_path, "--no-deps", wheel, *JOB_ADDS)
+    adds = {_norm(i["metadata"]["name"]): i["metadata"]["version"] for i in items}
+    assert "hcp-tune" in adds and set(adds) <= {"hcp-tune", *JOB_ADDS}, adds
+    # what each named package requires: from the report, or (already installed here, so
+    # pip installs nothing for it) from its installed metadata
+    requires = {_norm(i["metadata"]["name"]): i["metadata"].get("requires_dist", [])
+                for i in items}
+    for name in JOB_ADDS:
+        requires.setdefault(name, importlib.metadata.requires(name) or [])
+    unmet = []
+    for name in JOB_ADDS:
+        for text in requires[name]:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            try:
+                version = adds.get(_norm(req.name)) or importlib.metadata.version(req.name)
+            except importlib.metadata.PackageNotFoundError:
+                version = None
+            if version is None or not req.specifier.contains(version, prereleases=True):
+                unmet.append(f"{name} needs {req} (have: {version})")
+    assert not unmet, unmet
 
 
 def test_job_extra_keeps_the_installed_torch_numpy_and_megatron_core(wheel, tmp_path):

@@ -34,7 +34,8 @@ REPO_ROOT = PKG_DIR.parent
 # a path is enough and Hydra's pkg:// source, which needs __init__.py in every folder, is
 # not); a source checkout or an editable install has them beside the package.
 DATA_ROOT = PKG_DIR if (PKG_DIR / "conf" / "config.yaml").is_file() else REPO_ROOT
-CONF_DIR = Path(os.environ.get("HCP_TUNE_CONF_DIR", DATA_ROOT / "conf"))
+# An empty variable counts as unset (``HCP_TUNE_CONF_DIR= hcp-tune plan`` sets it to "").
+CONF_DIR = Path(os.path.abspath(os.environ.get("HCP_TUNE_CONF_DIR") or DATA_ROOT / "conf"))
 GROUPS = ("cluster", "model", "runner", "executor", "search", "sweeps")
 
 
@@ -95,6 +96,10 @@ def compose(overrides: list[str]) -> Any:
             raise ConfigError(
                 f"malformed override {o!r}: expected KEY=VALUE, e.g. cp=8 or seq=[65536,131072]"
             )
+    if not (CONF_DIR / "config.yaml").is_file():  # the environment's fault, not the overrides'
+        raise ConfigError(
+            f"HCP_TUNE_CONF_DIR={os.environ.get('HCP_TUNE_CONF_DIR', '')!r}: no config.yaml in "
+            f"{CONF_DIR}; expected a folder laid out like hcp-tune's conf/ (or unset it)")
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -176,6 +181,21 @@ def _group(node: Any) -> Any:
     if isinstance(node, (DictConfig, ListConfig)):
         return OmegaConf.to_container(node, resolve=True)
     return node
+
+
+def writable_dir(path: Path, key: str = "results_dir") -> Path:
+    """``path`` created if needed and proven writable (a file made and removed), or one
+    ConfigError line naming ``key``: before a command that writes there starts anything."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".hcp-tune-write-check-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"{key}={str(path)!r}: cannot write there ({exc.strerror or exc}); expected a "
+            "folder this user can create and write, e.g. results_dir=results") from None
+    return path
 
 
 def absolute_path(value: Any) -> Path:

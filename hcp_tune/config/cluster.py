@@ -52,10 +52,6 @@ class ClusterProfile:
                 "(it is the ceiling that proves a measured trial is physical)"
             )
 
-    def node_of(self, rank: int) -> int:
-        """Node index of a global rank: ranks fill nodes in order."""
-        return rank // self.gpus_per_node
-
 
 def cluster_from_mapping(data: object, name: str) -> ClusterProfile:
     """A profile from a composed ``cluster`` group; ``name`` is the selected option."""

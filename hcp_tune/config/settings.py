@@ -9,6 +9,7 @@ mirrors. No third-party imports: dispatch, sweep and the CLI read these as attri
 """
 from __future__ import annotations
 
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
@@ -26,6 +27,7 @@ PP_MAX = 512  # pipeline stages; Llama 3 405B recipes use 8-16, nothing real use
 GBS_MAX = 2 ** 24  # sequences per global batch
 SEQ_MAX = 2 ** 24  # 16,777,216 tokens, past the longest published CP runs (~10M)
 MBS_MAX = 1024
+ENV_TAG_RE = re.compile(r"[A-Za-z0-9._-]+")  # a new env_tag; stored ones are read as they are
 WORLD_MAX = 16384  # tp*cp*dp*pp GPUs planned (plan lists every rank group: stays ~1 s)
 
 Runner = Literal["auto", "attention", "model", "bridge", "attention+bridge"]
@@ -70,6 +72,12 @@ class TopLevel:
     env_tag: str = _f("name of the software stack measured")
 
     def __post_init__(self) -> None:
+        # env_tag is a name: it becomes part of file names (regress pages, calibration
+        # files), so no path separators, no '..', nothing two tags could share once slugged
+        if not ENV_TAG_RE.fullmatch(self.env_tag) or set(self.env_tag) <= {"."}:
+            raise ConfigError(
+                f"env_tag={self.env_tag!r}: expected a name of letters, digits, '.', '_' and "
+                "'-' (e.g. env_tag=te-2.10)")
         tp, pp = max(self.tp or (1,)), self.pp or 1
         world = tp * self.cp * self.dp * pp
         if world > WORLD_MAX:
@@ -93,10 +101,6 @@ class RunnerConfig:
     warmup_steps: int = _f("discarded steps before timing", min=0, max=1000)
     measure_steps: int = _f("timed steps; the median is ranked", max=1_000_000)
     time_limit_s: float = _f("per trial, seconds")
-    inject_fault: Optional[Literal["cp_off", "no_groups", "raise", "kill_rank", "hang_rank"]] = \
-        _f("tests only: plant a failure the checks must catch")
-    inject_fault_seq: Optional[int] = _f(
-        "tests only: plant inject_fault only in trials of this sequence length", max=SEQ_MAX)
     recipe: Optional[str] = _f("runner=bridge: a Bridge recipe function to start from; "
                                "null: a GPT built from the model profile's dimensions")
     overrides: list[str] = _f("runner=bridge: Bridge KEY=VALUE overrides, applied last")

@@ -252,7 +252,15 @@ def holdout_error(rows: list[dict], train_seqs, test_seqs, **kw) -> tuple[CostPa
 
 
 def params_path(results_dir, cluster: str, env_tag: str) -> Path:
-    return Path(results_dir) / "calibration" / f"{cluster}__{env_tag}.json"
+    """Where a calibration is stored. A name (what env_tag and profile names allow) is used
+    as it is; anything else (a tag stored before tags had to be names) is percent-encoded,
+    so a tag never becomes a path of its own ('a/b' -> 'a%2Fb')."""
+    from urllib.parse import quote
+
+    def part(text: str) -> str:
+        return quote(text, safe="").replace("~", "%7E")
+
+    return Path(results_dir) / "calibration" / f"{part(cluster)}__{part(env_tag)}.json"
 
 
 def save_params(results_dir, cluster: str, env_tag: str, params: CostParams,

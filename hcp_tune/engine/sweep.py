@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.config import SweepConfig
+from hcp_tune.errors import ConfigError
 from hcp_tune.engine import budget, dispatch, sweep_plan
 from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
 from hcp_tune.engine.sweep_plan import SweepPlan, failure_label, kept_by_key, plan_sweep
@@ -38,6 +39,7 @@ from hcp_tune.spec import (
     TrialSpec,
     atomic_write_text,
     classify_error_text,
+    fault_from_env,
     result_from_json,
 )
 
@@ -81,8 +83,16 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
         result_path=str(trials_dir / f"{trial_id}.result.json"),
         stop_path=str(trials_dir / f"{trial_id}.stop"),
         bridge_recipe=r.recipe, bridge_overrides=list(r.overrides),
-        inject_fault=r.inject_fault if r.inject_fault_seq in (None, cand.seq) else None,
+        inject_fault=_fault(cand.seq),  # tests only: HCP_TUNE_INJECT_FAULT
     )
+
+
+
+def _fault(seq: int) -> Optional[str]:
+    try:
+        return fault_from_env(seq)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def read_result(spec: TrialSpec) -> Optional[TrialResult]:
@@ -100,7 +110,8 @@ def read_result(spec: TrialSpec) -> Optional[TrialResult]:
 def read_progress(path: Optional[str]) -> list[float]:
     """Measured step times a running trial has written so far.
 
-    The job appends one JSON line per measured step (``{"step": i, "time_s": t}``).
+    The job appends one JSON line per measured step (``{"step": i, "time_s": t}``,
+    ``hcp_tune.job.progress.record_step``); warm-up steps are never written.
     """
     if not path or not Path(path).exists():
         return []
@@ -110,9 +121,8 @@ def read_progress(path: Optional[str]) -> list[float]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # the line being written right now
-        value = rec.get("time_s", rec.get("step_s"))
-        if rec.get("phase", "measure") == "measure" and value is not None:
-            times.append(float(value))
+        if "time_s" in rec:
+            times.append(float(rec["time_s"]))
     return times
 
 

@@ -236,10 +236,15 @@ def pareto_front(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 def pareto_layouts(study: optuna.Study) -> list[tuple[int, int]]:
     """``(a2a, p2p)`` layouts on the study's (step time, peak memory) Pareto front
     (``pareto_front``), by a2a. Only trials holding a row count: a trial told before
-    rows rode on trials has an imported twin with the same values."""
+    rows rode on trials has an imported twin with the same values. A trial whose memory was
+    not measured (CPU: its row's peak_mem_bytes is null, told to the study as 0) is left
+    out: 0 is no measurement, so it cannot be on a memory front."""
     out = set()
     for t in pareto_front(study.get_trials(deepcopy=False)):
-        layout = t.user_attrs.get("layout") if row_text_of(t) is not None else None
+        text = row_text_of(t)
+        if text is None or not isinstance(json.loads(text).get("peak_mem_bytes"), (int, float)):
+            continue
+        layout = t.user_attrs.get("layout")
         if isinstance(layout, str):
             a2a, p2p = json.loads(layout)
             out.add((int(a2a), int(p2p)))

@@ -20,13 +20,13 @@ step is timed with device synchronisation (CUDA events on GPU, perf_counter on C
 step time is the slowest rank's, taken with one all-reduce(MAX) at the end.
 
 Memory: on CUDA ``torch.cuda.max_memory_allocated`` over the measured steps (bytes, this
-rank; the maximum over ranks is reported). On CPU the growth of the process's peak resident
-set size (``ru_maxrss``) from before warm-up to the end, maximum over ranks: it includes the
-allocator's caching and is 0 when the steps fit in memory the process had already touched.
+rank; the maximum over ranks is reported). On CPU memory is **not measured** (None, with
+the reason in ``mem_note``): the only per-process figure, the peak resident set size
+(``ru_maxrss``), only rises within a process, so every trial after the first of a batch
+would read 0.
 """
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -58,13 +58,13 @@ def summarize(times: list[float]) -> dict[str, float]:
 @dataclass
 class Timing:
     step_times_s: list[float]
-    peak_mem_bytes: int
+    peak_mem_bytes: Optional[int]  # None: not measured (CPU)
     mem_note: str
     warmup_s: float = 0.0  # wall time of the warm-up steps (with their agreement collectives)
 
 
-def _rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+CPU_MEM_NOTE = ("not measured on CPU: peak RSS (ru_maxrss) only rises within a process, "
+                "so later trials of a batch would read 0")
 
 
 class TimeLimitReached(RuntimeError):
@@ -90,7 +90,6 @@ def time_steps(step: Callable[[int], None], *, warmup: int, measure: int, device
     (the time limit) raises ``TimeLimitReached``, ``stop_requested`` (the orchestrator's
     stop file) ``StopRequested`` with the measured steps so far."""
     cuda = device.type == "cuda"
-    rss0 = _rss_bytes()
     times = []
     flag = torch.zeros(1, device=device)
     began, warmup_s = time.perf_counter(), 0.0
@@ -122,15 +121,13 @@ def time_steps(step: Callable[[int], None], *, warmup: int, measure: int, device
                 on_step(i - warmup, elapsed)
     slowest = torch.tensor(times or [0.0], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    if cuda:
-        mem, note = torch.cuda.max_memory_allocated(device), (
-            "torch.cuda.max_memory_allocated over the measured steps, max over ranks")
-    else:
-        mem, note = max(0, _rss_bytes() - rss0), (
-            "CPU: growth of peak RSS (ru_maxrss) from before warm-up to the last step, "
-            "max over ranks; includes allocator caching, 0 if nothing new was touched")
-    peak = torch.tensor([float(mem)], dtype=torch.float64, device=device)
+    if not cuda:
+        return Timing([float(t) for t in slowest.tolist()][: len(times)], None,
+                      CPU_MEM_NOTE, warmup_s)
+    peak = torch.tensor([float(torch.cuda.max_memory_allocated(device))], dtype=torch.float64,
+                        device=device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    note = "torch.cuda.max_memory_allocated over the measured steps, max over ranks"
     return Timing([float(t) for t in slowest.tolist()][: len(times)], int(peak.item()), note,
                   warmup_s)
 

@@ -6,9 +6,8 @@ is absent. ``FAULTS`` lists what ``TrialSpec.inject_fault`` accepts (tests only)
 """
 from __future__ import annotations
 
-from hcp_tune.spec import FailureClass, classify_error_text, first_error_line
+from hcp_tune.spec import FAULTS, FailureClass, classify_error_text, first_error_line  # noqa: F401
 
-FAULTS = (None, "cp_off", "no_groups", "raise", "kill_rank", "hang_rank")
 KILL_EXIT_CODE = 17
 
 

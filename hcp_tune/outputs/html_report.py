@@ -121,7 +121,9 @@ def report_page(keys: list[KeySummary], title: str) -> str:
         scatter = svg.XYChart(
             "pareto", "median step time (s)", "peak memory (GiB)",
             [svg.Point(s.median_s, mem(s), s.label, 1 if s.pareto else 0,
-                       f"{s.label}: {s.median_s:.4g} s, {mem(s):.4g} GiB"
+                       f"{s.label}: {s.median_s:.4g} s, "
+                       + (f"{mem(s):.4g} GiB" if s.peak_mem_bytes is not None
+                          else "memory not measured (drawn at 0)")
                        + (" (Pareto)" if s.pareto else "")) for s in k.layouts],
             series=["layout", "on the Pareto front"],
             line=[(s.median_s, mem(s)) for s in front], line_label="Pareto front")

@@ -7,7 +7,6 @@ but a layout is inconclusive, 0 otherwise (``Comparison.exit_code``).
 """
 from __future__ import annotations
 
-import re
 import shlex
 import subprocess
 import sys
@@ -68,7 +67,12 @@ def _flag(args: dict[str, str], key: str, default: bool) -> bool:
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+    """A tag as part of a file name: a name (letters, digits, . _ -, what env_tag allows)
+    as it is, anything else percent-encoded, so two tags never share a file ('a/b' ->
+    'a%2Fb', 'a_b' -> 'a_b')."""
+    from urllib.parse import quote
+
+    return quote(text, safe="").replace("~", "%7E")
 
 
 def cmd_regress(args: list[str]) -> int:

@@ -51,12 +51,14 @@ class KeySummary:
 
 
 def pareto(layouts: list[LayoutSummary]) -> None:
-    """Mark the layouts no other layout beats on both time and memory (unknown memory = 0)."""
-    mem = lambda s: s.peak_mem_bytes or 0.0  # noqa: E731
+    """Mark the layouts no other layout beats on both time and memory. A layout whose
+    memory was not measured (None: CPU trials) is never on the front and beats nothing."""
+    known = [s for s in layouts if s.peak_mem_bytes is not None]
     for s in layouts:
-        s.pareto = not any(
-            (o.median_s <= s.median_s and mem(o) <= mem(s))
-            and (o.median_s < s.median_s or mem(o) < mem(s)) for o in layouts if o is not s)
+        s.pareto = s.peak_mem_bytes is not None and not any(
+            (o.median_s <= s.median_s and o.peak_mem_bytes <= s.peak_mem_bytes)
+            and (o.median_s < s.median_s or o.peak_mem_bytes < s.peak_mem_bytes)
+            for o in known if o is not s)
 
 
 def _steps(row: dict[str, Any]) -> list[float]:

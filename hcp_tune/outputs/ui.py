@@ -34,29 +34,38 @@ def _groups(groups: list[list[int]]) -> str:
 
 
 def print_plan(plan: dict[str, Any]) -> None:
+    """The layouts as a table of TABLE_WIDTH columns (why each is rejected or flagged, at
+    word breaks), then each layout's rank groups on a line of its own (the first
+    MAX_GROUPS_SHOWN per level; ``format=json`` lists every group)."""
+    from rich import box
+
     rows = plan["candidates"]
     kept = sum(r["kept"] for r in rows)
-    table = Table(
-        title=f"plan: model={plan['model']} cluster={plan['cluster']} cp={plan['cp']} "
-        f"pp={plan['pp']} ({kept} kept, {len(rows) - kept} rejected)",
-        show_lines=True,
-    )
-    for col in ("tp", "seq", "[a2a,p2p]", "comm", "status", "world", "nodes", "crosses",
-                "a2a groups (level 0)", "p2p groups (level 1)", "why"):
-        table.add_column(escape(col), overflow="fold")
+    out = console()
+    _notes(plan)
+    out.print(escape(f"plan: model={plan['model']} cluster={plan['cluster']} cp={plan['cp']} "
+                     f"pp={plan['pp']} ({kept} kept, {len(rows) - kept} rejected)"))
+    table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, show_lines=True)
+    for col in ("tp", "seq", "[a2a,p2p]", "status", "world", "nodes", "crosses", "why"):
+        table.add_column(escape(col), overflow="fold", ratio=1 if col == "why" else None,
+                         justify="right" if col in ("tp", "seq", "world", "nodes") else "left")
     for r in rows:
         status = "kept" if r["kept"] else "rejected"
         why = "; ".join(r["reasons"] + [f"note: {f}" for f in r["flags"]]) or "-"
         table.add_row(
-            str(r["tp"]), str(r["seq"]), escape(f"[{r['a2a']},{r['p2p']}]"), r["comm_type"],
+            str(r["tp"]), str(r["seq"]), escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"),
             f"[green]{status}[/]" if r["kept"] else f"[red]{status}[/]",
-            str(r["world_size"]), str(r["nodes"]), r["crosses_nodes"],
-            _groups(r["groups"]["a2a"]), _groups(r["groups"]["p2p"]), escape(why),
+            str(r["world_size"]), str(r["nodes"]), r["crosses_nodes"], escape(why),
         )
-    _notes(plan)
-    console().print(table)
+    out.print(table, width=TABLE_WIDTH)
+    for r in rows:
+        out.print(escape(f"groups tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: a2a "
+                         f"{_groups(r['groups']['a2a'])} | p2p {_groups(r['groups']['p2p'])}"))
+    if any(len(g) > MAX_GROUPS_SHOWN for r in rows for g in r["groups"].values()):
+        out.print(f"(first {MAX_GROUPS_SHOWN} groups per level shown; format=json lists "
+                  "every group)")
     if plan.get("estimate"):
-        console().print(escape(f"sweep cost of the kept layouts: {plan['estimate']['text']}"))
+        out.print(escape(f"sweep cost of the kept layouts: {plan['estimate']['text']}"))
 
 
 def _notes(data: dict[str, Any]) -> None:
@@ -240,20 +249,33 @@ def _fmt(v: Any, spec: str = ".4g") -> str:
 
 
 def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
-    table = Table(title=escape(title), show_lines=True)
-    for col in ("cluster", "model", "tp", "cp", "seq", "env_tag", "best", "median s",
-                "peak mem GiB", "runner-up", "margin", "tie", "vs p2p", "vs a2a", "trials"):
-        table.add_column(escape(col), overflow="fold")
+    """The ranked keys: one table of TABLE_WIDTH columns per (cluster, model, env_tag),
+    named on the line above it (a sweep has one); every column is in recommendations.csv."""
+    from rich import box
+
+    out = console()
+    out.print(escape(title))
+    groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in recs:
-        mem = r.get("peak_mem_bytes")
-        table.add_row(
-            r["cluster"], r["model"], str(r["tp"]), str(r["cp"]), str(r["seq"]), str(r["env_tag"]),
-            escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"), _fmt(r["median_s"]),
-            _fmt(mem / 2**30 if mem and mem == mem else None, ".3f"), escape(str(r.get("runner_up") or "-")),
-            _fmt(r.get("margin"), ".1%"), "tie" if r.get("tie") else "", _fmt(r.get("speedup_vs_p2p"), ".2f"),
-            _fmt(r.get("speedup_vs_a2a"), ".2f"), str(r["trials"]),
-        )
-    console().print(table)
+        groups.setdefault((r["cluster"], r["model"], str(r["env_tag"])), []).append(r)
+    for (cluster, model, env_tag), rows in groups.items():
+        out.print(escape(f"cluster={cluster} model={model} env_tag={env_tag}"))
+        table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+        for col in ("tp", "cp", "seq", "best", "median", "GiB", "runner-up", "margin", "tie",
+                    "vs p2p", "vs a2a", "trials"):
+            table.add_column(escape(col), overflow="fold",
+                             justify="left" if col in ("best", "runner-up", "tie") else "right")
+        for r in rows:
+            mem = r.get("peak_mem_bytes")
+            table.add_row(
+                str(r["tp"]), str(r["cp"]), str(r["seq"]),
+                escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"), human_time(r["median_s"]),
+                _fmt(mem / 2**30 if mem and mem == mem else None, ".2f"),
+                escape(str(r.get("runner_up") or "-")), _fmt(r.get("margin"), ".1%"),
+                "tie" if r.get("tie") else "", _fmt(r.get("speedup_vs_p2p"), ".2f"),
+                _fmt(r.get("speedup_vs_a2a"), ".2f"), str(r["trials"]),
+            )
+        out.print(table, width=TABLE_WIDTH)
 
 
 def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list[str]) -> None:
@@ -271,8 +293,18 @@ def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list
     out.print("\nPython:\n  " + "\n  ".join(escape(p) for p in python))
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.1f}"
+TABLE_WIDTH = 100  # every default table fits this many columns; the rest: format=json
+
+
+def human_time(seconds: float) -> str:
+    """A duration in the unit a person reads: ms below a second, s from there on."""
+    if seconds == 0:
+        return "0"
+    if seconds >= 100:
+        return f"{seconds:.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.1f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.2f} ms"
 
 
 def _crossing(r: dict[str, Any]) -> list[str]:
@@ -301,38 +333,41 @@ def close_group_lines(pred: dict[str, Any]) -> list[str]:
 
 
 def print_predict(pred: dict[str, Any]) -> None:
-    """The cost model's table: every number PREDICTED, with the parameters' source."""
+    """The cost model's table: every number PREDICTED, with the parameters' source. The
+    default table holds the breakdown's five parts and fits TABLE_WIDTH columns; the terms
+    inside each part (short blocks, few heads, messages, shared link, ring steps) are in
+    ``format=json``."""
+    from rich import box
+
     rows = pred["candidates"]
-    table = Table(
-        title=f"PREDICTED (cost model, not measured): model={pred['model']} "
-        f"cluster={pred['cluster']} cp={pred['cp']} pp={pred['pp']} mbs={pred['mbs']} "
-        f"gbs={pred['gbs']} recompute={pred['recompute']} {pred['dtype']}; "
-        f"params: {pred['params_source']}",
-        show_lines=False,
-    )
-    for col in ("tp", "seq", "rank", "[a2a,p2p]", "comm", "step ms (pred)", "vs best",
-                "compute ms", "of it short blocks / few heads ms", "exposed a2a ms",
-                "of it messages / shared link ms", "exposed p2p ms", "of it ring steps ms",
-                "other ms",
-                "memory GiB (pred)", "fits", "note"):
-        table.add_column(escape(col), overflow="fold")
+    table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, show_lines=False)
+    for col in ("#", "tp", "seq", "[a2a,p2p]", "step", "vs best", "compute", "a2a", "p2p",
+                "other", "GiB", "fits", "note"):
+        table.add_column(escape(col), overflow="fold",
+                         max_width=18 if col == "note" else None,
+                         justify="left" if col in ("[a2a,p2p]", "fits", "note") else "right")
     for r in rows:
-        b, t = r["breakdown_s"], r["terms_s"]
+        b = r["breakdown_s"]
         fits = "yes" if r["fits_memory"] else f"[red]no (> {pred['gpu_memory_gib']:g})[/]"
         table.add_row(
-            str(r["tp"]), str(r["seq"]), str(r["rank"] or "-"), escape(f"[{r['a2a']},{r['p2p']}]"),
-            r["comm_type"], _ms(r["predicted_step_time_s"]), f"{r['vs_best']:.3f}x",
-            _ms(b["compute_s"]),
-            f"{_ms(t['compute_short_block_s'])} / {_ms(t['compute_few_heads_s'])}",
-            _ms(b["exposed_a2a_s"]),
-            f"{_ms(t['a2a_messages_s'])} / {_ms(t['a2a_shared_link_s'])}",
-            _ms(b["exposed_p2p_s"]), _ms(t["ring_step_overhead_s"]),
-            _ms(b["other_s"]), f"{r['predicted_memory_gib']:.1f}", fits,
+            str(r["rank"] or "-"), str(r["tp"]), str(r["seq"]),
+            escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"),
+            human_time(r["predicted_step_time_s"]), f"{r['vs_best']:.3f}x",
+            human_time(b["compute_s"]), human_time(b["exposed_a2a_s"]),
+            human_time(b["exposed_p2p_s"]), human_time(b["other_s"]),
+            f"{r['predicted_memory_gib']:.1f}", fits,
             escape("; ".join(r["flags"] + _crossing(r))) or "-",
         )
     out = console()
     _notes(pred)
-    out.print(table)
+    out.print(escape(
+        f"PREDICTED (cost model, not measured): model={pred['model']} "
+        f"cluster={pred['cluster']} cp={pred['cp']} pp={pred['pp']} mbs={pred['mbs']} "
+        f"gbs={pred['gbs']} recompute={pred['recompute']} {pred['dtype']}; "
+        f"params: {pred['params_source']}"))
+    out.print("step = compute + exposed a2a + exposed p2p + other (per layer terms: "
+              "format=json); GiB: predicted peak memory per GPU")
+    out.print(table, width=TABLE_WIDTH)
     from hcp_tune.costmodel.memory import advice_line
 
     for a in pred.get("fit_advice", []):

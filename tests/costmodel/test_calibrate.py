@@ -112,3 +112,13 @@ def test_main_writes_params_and_reports_error(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "on 28 rows: rms relative error" in out
     assert (tmp_path / "calibration" / "local__cpu.json").is_file()
+
+
+def test_a_stored_tag_that_is_no_name_stays_inside_the_calibration_folder():
+    from hcp_tune.costmodel.calibrate import params_path
+
+    assert params_path("r", "local", "te-2.10").name == "local__te-2.10.json"
+    for tag in ("a/b", "../../x"):
+        path = params_path("r", "local", tag)
+        assert path.parent.as_posix() == "r/calibration" and "/" not in path.name
+    assert params_path("r", "local", "a/b") != params_path("r", "local", "a_b")

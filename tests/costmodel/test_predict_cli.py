@@ -208,3 +208,23 @@ def test_recommend_prediction_carries_the_group_and_the_band(tmp_path):
     r = run("recommend", *H200, f"results_dir={tmp_path}")
     assert "PREDICTED, not measured" in r.stdout
     assert "tp=1 seq=131072: " in r.stdout and "error band:" in r.stdout
+
+
+def test_the_main_commands_predicted_table_fits_100_columns_with_readable_units():
+    """`sweep cp=8 seq=131072` on a machine without GPU or SLURM predicts (runner=auto);
+    runner=model is the same table anywhere. Step times of minutes print in s, not as
+    `381,158.3` ms; the per-term breakdown is behind format=json."""
+    import re
+
+    r = run("sweep", "cp=8", "seq=131072", "runner=model")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["#", "tp"])
+    end = next(i for i in range(start, len(lines) + 1) if i == len(lines) or not lines[i].strip())
+    table = lines[start:end]
+    assert len(table) >= 4  # header, rule, one row per kept layout ([1,8] and [2,4])
+    assert all(len(line) <= 100 for line in table), "\n".join(table)
+    for row in table[2:]:
+        step = re.search(r"\] (?:p2p|a2a\+p2p|a2a)\s+(\S+ \S+)", row).group(1)
+        assert re.fullmatch(r"\d+(\.\d+)? s", step), row  # seconds-long steps in s
+        assert not re.search(r"\d,\d{3}", row), row  # no thousands separators

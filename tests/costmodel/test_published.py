@@ -1,12 +1,12 @@
-"""The cost model against published split measurements (split-measurements.md, issue 13)
-and TE's attention study pattern (upstream-facts-2.md section 5).
+"""The cost model against published split measurements (the yunchang table) and TE's
+attention study pattern (P2P wins most CP2 cases, A2A most CP4 and CP8 cases), per cluster.
 
 Targets on the yunchang 8x A100 table (forward only): mean Kendall tau >= 0.7, predicted
 best in the measured top two in 5/5 rows, predicted best at most 5% slower than the
 measured best. The uncalibrated defaults reach only the top-two target; a calibration on
 the whole table reaches all three in-sample; a calibration on four rows predicting the
 fifth (leave one row out) misses the tau and top-two targets. The tests assert what each
-reaches, so a regression shows; the README says what stands in the way.
+reaches, so a regression shows; docs/guides/cost-model.md says what stands in the way.
 """
 import functools
 from pathlib import Path
@@ -120,8 +120,18 @@ def te_clusters():
     return {n: config.load([f"cluster={n}"]).cluster for n in agreement.TE_STUDY_CLUSTERS}
 
 
+H100_CP2 = pytest.mark.xfail(strict=True, reason=(
+    "the uncalibrated model prefers a2a at CP2 on dgx-h100 in 8 of 10 cases, all within 1.7% "
+    "(TE calls results within 3% near-ties); TE's study saw P2P win most CP2 cases"))
+
+
+@pytest.mark.parametrize("cluster", agreement.TE_STUDY_CLUSTERS)
 @pytest.mark.parametrize("cp,winner", [(2, "p2p"), (4, "a2a"), (8, "a2a")])
-def test_te_study_pattern_p2p_at_cp2_a2a_at_cp4_and_cp8(cp, winner):
-    wins = agreement.te_study_winners(cp, te_clusters())
-    assert sum(wins["all"].values()) == 20
-    assert wins["all"][winner] > 10, wins
+def test_te_study_pattern_p2p_at_cp2_a2a_at_cp4_and_cp8(request, cluster, cp, winner):
+    """Each cluster on its own: pooling them would let one cluster's agreement hide the
+    other's disagreement (H100 alone at CP2, marked as the known expected failure)."""
+    if (cluster, cp) == ("dgx-h100", 2):
+        request.applymarker(H100_CP2)
+    wins = agreement.te_study_winners(cp, {cluster: te_clusters()[cluster]})
+    assert sum(wins[cluster].values()) == 10
+    assert wins[cluster][winner] > 5, wins

@@ -50,8 +50,8 @@ def test_batch_reuses_groups_and_proof_within_a_layout(tmp_path):
 @pytest.mark.multiproc
 def test_planted_cp_off_is_caught_in_a_batch_and_never_ranked(tmp_path):
     res = tmp_path / "results"
-    r = hcp("sweep", "cp=2", "seq=[256,512]", *BATCH, "runner.inject_fault=cp_off",
-            "executor=local", f"results_dir={res}")
+    r = hcp("sweep", "cp=2", "seq=[256,512]", *BATCH,
+            "executor=local", f"results_dir={res}", fault="cp_off")
     assert r.returncode == 1, r.stdout + r.stderr
     got = rows(res)
     assert len(got) == 4 and {(x["status"], x["failure_class"]) for x in got} == {
@@ -62,8 +62,8 @@ def test_planted_cp_off_is_caught_in_a_batch_and_never_ranked(tmp_path):
 @pytest.mark.multiproc
 def test_middle_trial_crashing_its_processes_reruns_the_rest_in_a_new_job(tmp_path):
     res = tmp_path / "results"
-    r = hcp("sweep", "cp=2", "seq=[256,512,1024]", *BATCH, "runner.inject_fault=kill_rank",
-            "runner.inject_fault_seq=512", "executor=local", f"results_dir={res}")
+    r = hcp("sweep", "cp=2", "seq=[256,512,1024]", *BATCH,
+            "executor=local", f"results_dir={res}", fault="kill_rank@512")
     assert r.returncode == 0, r.stdout + r.stderr
     got = rows(res)
     assert per_layout(got) == {(s, a): 1 for s in (256, 512, 1024) for a in (1, 2)}  # once
@@ -150,8 +150,8 @@ def test_local_and_slurm_executors_store_the_same_statuses_and_fields(slurm_clus
     got = {}
     for name in ("local", "slurm"):
         res = tmp_path / name
-        r = hcp("sweep", "cp=2", "seq=[256,512]", *BATCH, "runner.inject_fault=cp_off",
-                "runner.inject_fault_seq=512", f"executor={name}", f"results_dir={res}")
+        r = hcp("sweep", "cp=2", "seq=[256,512]", *BATCH,
+                f"executor={name}", f"results_dir={res}", fault="cp_off@512")
         assert r.returncode == 0, r.stdout + r.stderr
         got[name] = rows(res)
 

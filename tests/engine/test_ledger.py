@@ -158,6 +158,17 @@ def test_the_pareto_column_comes_from_the_study(tmp_path):
     assert header == ",".join(RECOMMENDATION_COLUMNS) and header.endswith(",pareto,schema_version")
 
 
+def test_trials_whose_memory_was_not_measured_are_never_on_the_pareto_front(tmp_path):
+    """CPU trials record no memory (null): told to the study as 0, they would make a
+    memory front of a measurement nobody took."""
+    root = tmp_path / "res"
+    rows = [make_row(1, 2.0, mem=None), make_row(2, 1.0, mem=None), make_row(4, 3.0, mem=None)]
+    told({"url": str(root / "optuna.journal"), "root": root}, KEY, rows)
+    ResultStore(root).rebuild()
+    (rec,) = ResultStore(root).recommendations()
+    assert rec["a2a"] == 2 and rec["pareto"] == ""  # still ranked by time; no front
+
+
 def test_an_ok_trial_without_proof_of_cp_is_never_on_the_pareto_front(tmp_path):
     root = tmp_path / "res"
     unproven = make_row(1, 0.5, mem=50, n=1)  # fastest and smallest, but CP not proven

@@ -257,8 +257,8 @@ def test_steps_batch_runs_each_trial_fresh_in_one_allocation_past_a_crash(slurm_
     exits mid-trial) and run first: they fail as comm, and the next steps still run in the
     allocation."""
     res = tmp_path / "results"
-    r = hcp("sweep", "cp=2", "seq=[512,1024]", *STEPS, "runner.inject_fault=kill_rank",
-            "runner.inject_fault_seq=512", "executor=slurm", f"results_dir={res}")
+    r = hcp("sweep", "cp=2", "seq=[512,1024]", *STEPS,
+            "executor=slurm", f"results_dir={res}", fault="kill_rank@512")
     assert r.returncode == 0, r.stdout + r.stderr
     got = rows(res)
     assert per_layout(got) == {(s, a): 1 for s in (512, 1024) for a in (1, 2)}

@@ -71,8 +71,8 @@ def test_ctrl_c_cancels_outstanding_jobs(slurm_cluster, tmp_path):
 @pytest.mark.slurm
 def test_failing_trial_is_recorded_with_its_class_and_the_sweep_completes(slurm_cluster, tmp_path):
     res = tmp_path / "results"
-    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "runner.inject_fault=raise", "executor=slurm",
-            f"results_dir={res}")
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "executor=slurm",
+            f"results_dir={res}", fault="raise")
     assert r.returncode == 1, r.stdout + r.stderr  # nothing was measured
     assert "sweep: nothing measured: 2 trial(s) failed or were invalid (unknown: 2)" in r.stderr
     got = rows(res)
@@ -106,8 +106,8 @@ def test_sweep_with_data_parallel_replicas_measures(tmp_path):
 
 def test_planted_cp_off_is_never_ranked(tmp_path):
     res = tmp_path / "results"
-    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "runner.inject_fault=cp_off", "executor=local",
-            f"results_dir={res}")
+    r = hcp("sweep", "cp=2", "seq=1024", *TINY, "executor=local",
+            f"results_dir={res}", fault="cp_off")
     assert r.returncode == 1, r.stdout + r.stderr  # nothing proved CP active: nothing measured
     assert "nothing measured: 2 trial(s) failed or were invalid (invalid: 2)" in r.stderr
     assert {x["status"] for x in rows(res)} == {"invalid"}

@@ -61,10 +61,17 @@ def test_early_stopping_rule(steps, best, prune):
     assert should_prune(steps, best) is prune
 
 
-def test_progress_lines_skip_warmup_and_a_half_written_line(tmp_path):
+def test_progress_is_read_as_the_job_writes_it_skipping_a_half_written_line(tmp_path):
+    from types import SimpleNamespace
+
+    from hcp_tune.job.progress import record_step
+
     p = tmp_path / "t.jsonl"
-    p.write_text('{"phase": "warmup", "step_s": 9}\n{"phase": "measure", "step_s": 1.5}\n'
-                 '{"phase": "measure", "step_s": 1.25}\n{"phase": "meas')
+    spec = SimpleNamespace(progress_path=str(p), trial_id="t1")
+    record_step(spec, 0, 1.5)
+    record_step(spec, 1, 1.25)
+    with open(p, "a") as f:
+        f.write('{"trial_id": "t1", "step": 2, "ti')  # the line being written right now
     assert read_progress(str(p)) == [1.5, 1.25]
     assert read_progress(str(tmp_path / "missing")) == []
 

@@ -61,3 +61,16 @@ def test_first_error_line_skips_traceback_and_source_location():
 ])
 def test_error_text_is_classified(text, cls):
     assert classify_error_text(text) == cls
+
+
+def test_a_fault_is_planted_only_through_its_environment_variable():
+    from hcp_tune.spec import FAULT_ENV, fault_from_env
+
+    assert fault_from_env(512, {}) is None
+    assert fault_from_env(512, {FAULT_ENV: ""}) is None  # empty counts as unset
+    assert fault_from_env(512, {FAULT_ENV: "cp_off"}) == "cp_off"
+    assert fault_from_env(512, {FAULT_ENV: "kill_rank@512"}) == "kill_rank"
+    assert fault_from_env(1024, {FAULT_ENV: "kill_rank@512"}) is None
+    for bad in ("oops", "cp_off@x", "@512"):
+        with pytest.raises(ValueError, match=f"{FAULT_ENV}='{bad}': expected <fault>"):
+            fault_from_env(512, {FAULT_ENV: bad})

@@ -1,0 +1,24 @@
+"""The report's Pareto front: what it marks when some layouts' memory was not measured."""
+from hcp_tune.outputs.report import LayoutSummary, pareto
+
+
+def layout(a2a: int, median_s: float, mem) -> LayoutSummary:
+    return LayoutSummary(a2a=a2a, p2p=8 // a2a, comm_type="a2a+p2p", trials=3,
+                         median_s=median_s, peak_mem_bytes=mem, steps_s=[median_s])
+
+
+def test_front_is_the_layouts_nothing_beats_on_both_time_and_memory():
+    fast_big, slow_small, dominated = layout(1, 1.0, 9e9), layout(2, 2.0, 1e9), layout(4, 3.0, 5e9)
+    pareto([fast_big, slow_small, dominated])
+    assert [s.pareto for s in (fast_big, slow_small, dominated)] == [True, True, False]
+
+
+def test_unmeasured_memory_is_never_on_the_front_and_beats_nothing():
+    """CPU trials carry no memory (None). Read as 0, the fastest CPU layout would sit on
+    the front by a memory it never measured, and push measured layouts off it."""
+    unmeasured, measured = layout(1, 0.5, None), layout(2, 1.0, 4e9)
+    pareto([unmeasured, measured])
+    assert unmeasured.pareto is False and measured.pareto is True
+    only = [layout(1, 0.5, None), layout(2, 1.0, None)]
+    pareto(only)
+    assert not any(s.pareto for s in only)
