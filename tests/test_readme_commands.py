@@ -70,9 +70,12 @@ FILES = {
 def readme_commands(text: str) -> list[tuple[str, ...]]:
     """Each ``python -m hcp_tune[.module] ARGS`` (or ``hcp-tune ARGS``) of the fenced code
     blocks, as ``(module, *args)`` the way the shell passes them: continuation lines
-    joined, quotes removed, comments dropped, ``&&``-chained set-up commands split off."""
+    joined, quotes removed, comments dropped, ``&&``-chained set-up commands split off.
+    A block fenced as ```` ```text ```` is output and is skipped."""
     out = []
-    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
+    for lang, block in re.findall(r"^```([^\n]*)\n(.*?)^```", text, flags=re.S | re.M):
+        if lang.strip() == "text":  # a command's output shown as it prints, not a command
+            continue
         for line in re.sub(r"\\\n", " ", block).splitlines():
             segment: list[str] = []
             for token in [*shlex.split(line, comments=True), "&&"]:
@@ -290,7 +293,7 @@ def test_readme_is_short_and_docs_stay_inside_the_repository():
 def test_docs_commands_are_collected_once_each():
     commands = documented_commands()
     assert len(commands) == len(set(commands))
-    assert ("hcp_tune.costmodel.calibrate", "rows.jsonl", "results_dir=results") in commands
+    assert ("hcp_tune.calibrate", "rows.jsonl", "results_dir=results") in commands
 
 
 @pytest.mark.readme
