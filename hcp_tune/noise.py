@@ -1,5 +1,5 @@
 """One definition of measurement noise, used wherever hcp-tune asks "is this difference
-real?": early stopping (``sweep.should_prune``), the tie verdict of a recommendation
+real?": early stopping (``trials.should_prune``), the tie verdict of a recommendation
 (``store.recommendations``) and the regression noise floor between software stacks.
 
 Standard library only: the job side summarises its steps with the same ``percentile``.

@@ -5,7 +5,7 @@ import pytest
 
 from hcp_tune import noise
 from hcp_tune.engine.store import recommendations
-from hcp_tune.engine.sweep import should_prune
+from hcp_tune.engine.trials import should_prune
 
 
 def test_band_noise_is_the_relative_half_width_of_p10_p90():

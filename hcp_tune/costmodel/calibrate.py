@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from hcp_tune.config.cluster import ClusterProfile
-from hcp_tune.costmodel import band
 from hcp_tune.config.model import ModelSpec
+from hcp_tune.costmodel import band
 from hcp_tune.costmodel.formulas import (
     FIT_FIELDS,
     FIT_MAX,

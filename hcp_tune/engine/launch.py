@@ -3,8 +3,8 @@
 ``run_local_batch(specs, workdir=...)`` submits exactly what a local sweep submits, the job
 payload ``hcp_tune.job.payload.batch_payload`` under submitit's LocalExecutor with one task
 per rank (``dispatch.make_executor``), waits for the job, and reads each trial's result the
-way the sweep reads it (``sweep.read_result``: rank 0's file, a peer's root cause merged
-in; ``sweep.failed_from_job`` for a trial the job ended without). ``hcp-tune trial``,
+way the sweep reads it (``trials.read_result``: rank 0's file, a peer's root cause merged
+in; ``trials.failed_from_job`` for a trial the job ended without). ``hcp-tune trial``,
 ``scripts/gpu_check.sh`` and the tests use it. It never hangs and never raises for a trial
 failure: past ``timeout_s`` (default: the trials' time limits plus start-up) the job is
 cancelled, its processes end, and a trial without a result is FAILED (time_limit).
@@ -95,7 +95,7 @@ def run_local_batch(specs: list[TrialSpec], *, workdir: str | Path,
     folder and time limit are set here); default: the local executor's defaults. A spec
     without ``result_path`` gets ``workdir/<trial_id>.result.json``.
     """
-    from hcp_tune.engine.sweep import failed_from_job, read_result  # the sweep's own reading
+    from hcp_tune.engine.trials import failed_from_job, read_result  # the sweep's own reading
 
     if not specs:
         raise ValueError("run_local_batch: no specs given")

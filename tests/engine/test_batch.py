@@ -188,7 +188,7 @@ def test_plan_states_the_cost_as_an_estimate():
 def test_a_peers_root_cause_is_merged_once_for_either_executor(tmp_path):
     """The one merge (hcp_tune.merge.merge_root_cause) that the local launcher and the
     orchestrator's reading of any executor's result file both go through."""
-    from hcp_tune.engine.sweep import read_result
+    from hcp_tune.engine.trials import read_result
     from hcp_tune.merge import rank_out_path
     from hcp_tune.spec import FailureClass, TrialResult, to_json
 

@@ -1,7 +1,7 @@
 """The optuna study per sweep key and the early-stopping rule."""
 import pytest
 
-from hcp_tune.engine.sweep import read_progress, should_prune
+from hcp_tune.engine.trials import read_progress, should_prune
 from hcp_tune.engine.tuner import LayoutStudy, open_storage
 from hcp_tune.spec import Status
 
@@ -102,7 +102,7 @@ def test_a_trial_that_measured_all_its_steps_is_never_pruned(tmp_path):
 )
 def test_a_job_that_ended_without_a_result_is_classified(state, error, expected):
     from hcp_tune.engine.dispatch import JobOutcome, JobState
-    from hcp_tune.engine.sweep import failed_from_job
+    from hcp_tune.engine.trials import failed_from_job
     from hcp_tune.spec import TrialSpec
 
     spec = TrialSpec(trial_id="t", a2a=2, p2p=2, seq=64, heads=8, kv_heads=8, head_dim=8)
@@ -115,7 +115,7 @@ def test_a_job_that_ended_without_a_result_is_classified(state, error, expected)
 @pytest.mark.parametrize("state", ["CANCELLED", "PREEMPTED", "NODE_FAIL", "REQUEUED"])
 def test_a_job_ended_from_outside_is_cancelled_and_measured_again(state):
     from hcp_tune.engine.dispatch import JobOutcome, JobState
-    from hcp_tune.engine.sweep import failed_from_job
+    from hcp_tune.engine.trials import failed_from_job
     from hcp_tune.spec import TrialSpec
 
     spec = TrialSpec(trial_id="t", a2a=2, p2p=2, seq=64, heads=8, kv_heads=8, head_dim=8)

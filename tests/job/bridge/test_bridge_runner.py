@@ -125,7 +125,7 @@ def test_sweep_slurm_stops_on_the_missing_stack(tmp_path, slurm_cluster):
 
 def test_runner_bridge_conf_and_spec_carry_recipe_and_overrides(tmp_path):
     from hcp_tune import config
-    from hcp_tune.engine.sweep import spec_for
+    from hcp_tune.engine.trials import spec_for
     from hcp_tune.space.plan import candidates
 
     cfg = config.load(["runner=bridge", "cluster=local", "model=tiny", "cp=2", "seq=256",
