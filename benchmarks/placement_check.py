@@ -32,7 +32,7 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from predicted_band import _stamp
+    from stamp import write_results  # the stamp: command, date, commit, machine, load
 
     from hcp_tune import config
     from hcp_tune.config.model import ModelSpec
@@ -75,7 +75,6 @@ def main() -> int:
     m = [a for a, _ in ratios]
     p = [b for _, b in ratios]
     out = ["# The cost model on an all-to-all group that spans nodes (issue 21, item 5)\n",
-           _stamp("python benchmarks/placement_check.py"),
            f"Data: `{DATA.relative_to(REPO)}` ({doc['source']}). Split a2a {lay.a2a} x p2p "
            f"{lay.p2p} of CP={lay.cp} on {lay.cp // doc['gpus_per_node']} nodes of "
            f"{doc['gpus_per_node']}; assumed: {doc['assumed']}. Model: uncalibrated "
@@ -90,7 +89,7 @@ def main() -> int:
            + "In Megatron's layout this placement arises only when "
            "tp*a2a > GPUs per node; `predict` (and `plan`) mark such layouts `crosses nodes: "
            "a2a` (JSON `crosses_nodes`).\n"]
-    Path(args.out).write_text("\n".join(out))
+    write_results(args.out, "\n".join(out))
     print("\n".join(out))
     return 0
 

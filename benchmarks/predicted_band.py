@@ -27,12 +27,8 @@ A few minutes on 2 loaded cores (one least-squares calibration per key).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,16 +38,6 @@ TABLES = REPO / "benchmarks" / "published"
 SHIP = REPO / "hcp_tune" / "costmodel" / "data" / "bands.json"
 NOISE_REL = 0.02
 NEAR = 0.05  # target: the predicted best (or a confident pick) within 5% of the measured best
-
-
-def _stamp(cmd: str) -> str:
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            check=False, capture_output=True, text=True).stdout.strip()
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"Command: `{cmd}`  \nDate: {now}  \nCommit: {commit}  \n"
-            f"Machine: {platform.machine()}, "
-            f"{os.cpu_count()} CPUs, Python {platform.python_version()}  \nLoad average: {load}\n")
 
 
 def main() -> int:
@@ -89,7 +75,6 @@ def main() -> int:
     ways["leave one table out"] = across
 
     out = ["# The cost model's band and the too-close-to-call group (issue 21)\n",
-           _stamp("python benchmarks/predicted_band.py"),
            f"Tables: {', '.join(sorted({r['table'] for r in rows}))} ({len(order)} keys, "
            f"{len(rows)} rows; all 8x A100 NVLink, the `nvlink` class). Band definition: "
            f"`hcp_tune/costmodel/band.py` and [docs/predicted-band.md](../docs/predicted-band.md)"
@@ -165,7 +150,10 @@ def main() -> int:
                "it, since held out it does worse than the defaults.\n")
     SHIP.parent.mkdir(parents=True, exist_ok=True)
     SHIP.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    Path(args.out).write_text("\n".join(out))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from stamp import write_results  # the stamp: command, date, commit, machine, load
+
+    write_results(args.out, "\n".join(out))
     print("\n".join(out))
     return 0
 

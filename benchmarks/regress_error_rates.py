@@ -192,7 +192,10 @@ def main() -> int:
         "matters (false alarm on an A/A, power on a slowdown) with its 95% Wilson interval. "
         "Every variant judges the same draws with the same interval; only the bound differs.",
         ""]
-    Path(args.out).write_text("\n".join(head + sections))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from stamp import write_results  # the stamp: command, date, commit, machine, load
+
+    write_results(args.out, "\n".join(head + sections))
     print(f"wrote {args.out}")
     return 0
 

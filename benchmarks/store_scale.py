@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
+from stamp import write_results  # noqa: E402  the stamp block the docs read
 
 import store_gen  # noqa: E402
 
@@ -259,9 +260,8 @@ def main() -> None:
             # written after each size: a run stopped part way keeps what it measured
             load_end = tuple(round(x, 2) for x in os.getloadavg())
             text = table(results, ops)
-            Path(a.out).write_text("# Results folder scale (benchmarks/store_scale.py)\n\n"
-                                   + stamp(sys.argv[1:], load_start, load_end) + "\n"
-                                   + text + "\n")
+            write_results(a.out, "# Results folder scale (benchmarks/store_scale.py)\n\n"
+                          + stamp(sys.argv[1:], load_start, load_end) + "\n" + text)
     print(table(results, ops))
     print(f"wrote {a.out}")
 
