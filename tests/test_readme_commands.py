@@ -169,6 +169,13 @@ def regress_without_those_tags(r, cwd):
             in r.stderr), r.stderr
 
 
+def regress_without_tags_a_b(r, cwd):
+    """docs/regress.md's settle example (`baseline=a candidate=b`) in the same folder: the
+    same documented bad-input exit, before any sweep runs."""
+    assert r.returncode == 2, f"exit {r.returncode}"
+    assert "unknown env tag(s) a, b; tags with stored trials: default" in r.stderr, r.stderr
+
+
 def report_page(r, cwd):
     assert r.returncode == 0, f"exit {r.returncode}"
     assert "<svg" in (cwd / "results" / "report.html").read_text()
@@ -205,6 +212,12 @@ MAPPINGS = {
     "python -m hcp_tune regress baseline=te-2.9 candidate=te-2.10 settle=true "
     "candidate_args=executor.container_image=/images/bridge-te2.10.sqsh": Mapping(
         regress_without_those_tags),
+    "python -m hcp_tune regress baseline=te-2.9 candidate=te-2.10 settle=true "
+    "candidate_args=executor.container_image=/images/bridge-te2.10.sqsh "
+    "baseline_args=executor.container_image=/images/bridge-te2.9.sqsh": Mapping(
+        regress_without_those_tags),
+    "python -m hcp_tune regress baseline=a candidate=b settle=true "
+    "candidate_args=executor=local": Mapping(regress_without_tags_a_b),
     "python -m hcp_tune report": Mapping(report_page),
     # runner=bridge without Bridge and TE: the job's first check stops the sweep (exit 1)
     "python -m hcp_tune sweep runner=bridge cluster=dgx-h100 model=llama3-8b cp=8 seq=65536 "
