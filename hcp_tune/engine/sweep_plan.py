@@ -60,9 +60,16 @@ def retry_labels(value: Any) -> frozenset[str]:
 
 def key_for(cfg: SweepConfig, cand: Candidate) -> SweepKey:
     """The sweep key a candidate layout is measured under."""
-    return SweepKey(cluster=cfg.cluster.name, model=cfg.model.name, tp=cand.tp, cp=cand.cp,
-                    seq=cand.seq, runner=cfg.runner.name, env_tag=cfg.env_tag, pp=cand.pp,
-                    dp=cand.dp, mbs=cfg.mbs, micro_batches=key_micro_batches(cfg))
+    return key_at(cfg, cand.tp, cand.seq)
+
+
+def key_at(cfg: SweepConfig, tp: int, seq: int, runner: Optional[str] = None) -> SweepKey:
+    """The sweep key of ``cfg`` at (tp, seq), for ``runner`` (default: the config's); pp and
+    dp are the config's, as every candidate of it has them (``space.plan.candidates``)."""
+    runner = runner or cfg.runner.name
+    return SweepKey(cluster=cfg.cluster.name, model=cfg.model.name, tp=tp, cp=cfg.cp, seq=seq,
+                    runner=runner, env_tag=cfg.env_tag, pp=cfg.pp, dp=cfg.dp, mbs=cfg.mbs,
+                    micro_batches=key_micro_batches(cfg, runner))
 
 
 def key_micro_batches(cfg: SweepConfig, runner: Optional[str] = None) -> int:

@@ -22,7 +22,6 @@ from typing import Any, Callable, Optional
 from hcp_tune.config import SweepConfig
 from hcp_tune.engine import store as store_mod
 from hcp_tune.engine import sweep_plan
-from hcp_tune.engine.store import SweepKey
 from hcp_tune.engine.sweep import Sweeper, SweepSummary
 from hcp_tune.engine.sweep_plan import SweepPlan
 from hcp_tune.spec import atomic_write_text
@@ -39,10 +38,7 @@ def stage_config(cfg: SweepConfig, runner: str) -> SweepConfig:
 def _key_rows(rows: list[dict[str, Any]], cfg: SweepConfig, runner: str, tp: int, seq: int
               ) -> list[dict[str, Any]]:
     """The rows of one stage's key (``runner``) at (tp, seq)."""
-    key = SweepKey(cluster=cfg.cluster.name, model=cfg.model.name, tp=tp, pp=cfg.pp, cp=cfg.cp,
-                   seq=seq, runner=runner, env_tag=cfg.env_tag, dp=cfg.dp, mbs=cfg.mbs,
-                   micro_batches=sweep_plan.key_micro_batches(cfg, runner))
-    return store_mod.key_rows(rows, key)
+    return store_mod.key_rows(rows, sweep_plan.key_at(cfg, tp, seq, runner))
 
 
 def best_layouts(rows: list[dict[str, Any]], cfg: SweepConfig, k: int
