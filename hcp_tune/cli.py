@@ -261,27 +261,23 @@ def cmd_recommend(args: list[str]) -> int:
 
         ui.print_recommendation(rec, recommend.bridge_overrides(rec), recommend.python_form(rec))
     else:
-        print(f"recommend: nothing measured for {recommend.key_text({**want, 'env_tag': want['env_tag'] or 'any'})}"
-              f" in {cfg.results_dir}/recommendations.csv")
-        if near:
-            print("nearest measured keys:")
-            for r in near:
-                print(f"  {recommend.key_text(r)} -> [{r['a2a']},{r['p2p']}]")
-        else:
-            print("nothing has been measured there yet: run `python -m hcp_tune sweep ...` first")
-        if predicted:
-            print(f"\nPREDICTED, not measured ({predicted['label']}): "
-                  f"[{predicted['a2a']},{predicted['p2p']}] {predicted['comm_type']}, "
-                  f"{predicted['predicted_step_time_s']:.4g} s per step")
-            print("  " + " ".join(predicted["bridge_overrides"]))
-            from hcp_tune.outputs.ui import close_group_lines
-
-            for line in close_group_lines(pred):
-                print(line)
         from hcp_tune.costmodel.memory import advice_line
+        from hcp_tune.outputs.ui import close_group_lines, say
 
-        for a in advice:
-            print(advice_line(a, cfg.cluster.gpu_memory_gib, "recommend"))
+        say(f"recommend: nothing measured for "
+            f"{recommend.key_text({**want, 'env_tag': want['env_tag'] or 'any'})}"
+            f" in {cfg.results_dir}/recommendations.csv")
+        if near:
+            say("nearest measured keys:",
+                *(f"  {recommend.key_text(r)} -> [{r['a2a']},{r['p2p']}]" for r in near))
+        else:
+            say("nothing has been measured there yet: run `python -m hcp_tune sweep ...` first")
+        if predicted:
+            say("", f"PREDICTED, not measured ({predicted['label']}): "
+                f"[{predicted['a2a']},{predicted['p2p']}] {predicted['comm_type']}, "
+                f"{predicted['predicted_step_time_s']:.4g} s per step",
+                "  " + " ".join(predicted["bridge_overrides"]), *close_group_lines(pred))
+        say(*(advice_line(a, cfg.cluster.gpu_memory_gib, "recommend") for a in advice))
     return EXIT_OK if rec else EXIT_NOT_FOUND
 
 

@@ -1,5 +1,6 @@
 """The CLI as a user meets it: subprocesses, exit codes, one-line errors, no torch."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -49,7 +50,38 @@ def test_plan_cp16_tp2_rejects_and_flags_with_reasons():
 def test_plan_table_is_readable_when_piped():
     r = run("plan", "cp=4", "seq=8192", "model=tiny", "cluster=local")
     assert r.returncode == 0
-    assert "[a2a,p2p]" in r.stdout and "[2,2]" in r.stdout and "a2a+p2p" in r.stdout
+    assert "[a2a,p2p]" in r.stdout and "[2,2]" in r.stdout and "crosses" in r.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("plan", "cp=8", "tp=4", "pp=2", "seq=131072", "cluster=dgx-h100"),
+    ("predict", "cp=8", "seq=131072", "model=llama3-70b", "cluster=dgx-h200"),
+    ("predict", "cp=8", "seq=131072", "cluster=dgx-h100"),
+    ("validate", "model.context_parallel_size=8", "model.cp_comm_type=a2a+p2p",
+     "cluster=dgx-h100"),
+    ("recommend", "cluster=local", "model=tiny", "cp=4", "seq=2048"),
+], ids=["plan", "predict-unfit", "predict", "validate", "recommend-predicted"])
+def test_piped_output_fits_100_columns_and_breaks_between_words(args, tmp_path):
+    """Piped (no terminal, no $COLUMNS), every line fits 100 columns except a command
+    printed for copying, which is never broken; wrapped prose breaks between words, so an
+    override such as "model.hierarchical_context_parallel_sizes=[2,4]" stays whole."""
+    folder = [] if args[0] == "validate" else [f"results_dir={tmp_path}"]
+    r = run(*args, *folder, env={"COLUMNS": ""})
+    assert r.returncode in (0, 1, 3), r.stderr
+    long = [line for line in r.stdout.splitlines()
+            if len(line) > 100 and not line.startswith("  python -m hcp_tune ")]
+    assert not long
+    for override in re.findall(r'"model\.[a-z_.]+=\[[0-9,]*', r.stdout):
+        assert re.search(re.escape(override) + r'\]"', r.stdout), override  # not folded
+
+
+def test_validate_prints_the_fix_whole_on_its_own_line():
+    r = run("validate", "model.context_parallel_size=8", "model.cp_comm_type=a2a+p2p",
+            "cluster=dgx-h100", env={"COLUMNS": "60"})
+    assert r.returncode == 1
+    assert '  fix:   "model.hierarchical_context_parallel_sizes=[4,2]"' in r.stdout.splitlines()
+    found = [line for line in r.stdout.splitlines() if line.startswith(("  found: ", "         "))]
+    assert len(found) > 3 and all(len(line) <= 60 for line in found)  # $COLUMNS is honoured
 
 
 def test_plan_table_fits_100_columns_and_groups_say_what_was_left_out():

@@ -1,11 +1,16 @@
 """Terminal output: the one module that imports rich.
 
-Tables go to stdout; when stdout is not a terminal the console is wide and colourless so
-piped output stays greppable. Errors go to stderr as one plain line each.
+Tables go to stdout. When stdout is not a terminal the console is colourless and
+``$COLUMNS`` wide (``TABLE_WIDTH`` when unset), so piped output fits a terminal or a CI
+log too: prose wraps between words, and a line a user copies whole (a command) is printed
+with ``soft_wrap`` and never broken. Errors go to stderr as one plain line each.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import textwrap
 import time
 from typing import Any, Iterable, Optional
 
@@ -13,13 +18,54 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+TABLE_WIDTH = 100  # every default table fits this many columns; the rest: format=json
 MAX_GROUPS_SHOWN = 4  # groups listed per level in the table; format=json lists them all
+
+
+def piped_width() -> int:
+    """The width of output that is not a terminal: ``$COLUMNS`` when it is a positive
+    number, else TABLE_WIDTH."""
+    raw = os.environ.get("COLUMNS", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else TABLE_WIDTH
 
 
 def console() -> Console:
     if sys.stdout.isatty():
         return Console()
-    return Console(width=240, no_color=True, highlight=False, soft_wrap=False)
+    return Console(width=piped_width(), no_color=True, highlight=False, soft_wrap=False)
+
+
+def unbroken_width(texts: Iterable[str], cap: int = 56) -> int:
+    """The width a column needs so that no word of ``texts`` is folded (a paste-ready
+    override such as ``"model.hierarchical_context_parallel_sizes=[2,4]"`` must copy
+    whole), at most ``cap`` so the other columns keep room."""
+    return min(cap, max((len(w) for t in texts for w in str(t).split()), default=1))
+
+
+def hanging(text: str, head: str, width: int, indent: Optional[int] = None) -> str:
+    """``head`` then ``text`` wrapped between words (never inside one) at ``width``, the
+    lines after the first indented under the text (or by ``indent``)."""
+    return textwrap.fill(str(text), width=width, initial_indent=head,
+                         subsequent_indent=" " * (len(head) if indent is None else indent),
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def stderr_width() -> int:
+    """The width plain lines to stderr wrap at: the terminal's, else ``piped_width``."""
+    if sys.stderr.isatty():
+        return shutil.get_terminal_size((TABLE_WIDTH, 24)).columns
+    return piped_width()
+
+
+def say(*lines: str) -> None:
+    """Lines of prose to stdout, each wrapped between words at the output's width (the
+    continuation indented two); a line that starts with two spaces is a command or an
+    override the user copies, and is printed whole."""
+    out = console()
+    for line in lines:
+        whole = line.startswith("  ") or not line.strip()
+        out.print(escape(line if whole else hanging(line, "", out.width, indent=2)),
+                  soft_wrap=True)
 
 
 def error_line(message: str) -> None:
@@ -46,14 +92,15 @@ def print_plan(plan: dict[str, Any]) -> None:
     out.print(escape(f"plan: model={plan['model']} cluster={plan['cluster']} cp={plan['cp']} "
                      f"pp={plan['pp']} ({kept} kept, {len(rows) - kept} rejected)"))
     table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, show_lines=True)
+    whys = ["; ".join(r["reasons"] + [f"note: {f}" for f in r["flags"]]) or "-" for r in rows]
     for col in ("tp", "seq", "[a2a,p2p]", "status", "world", "nodes", "crosses", "why"):
         table.add_column(escape(col), overflow="fold", ratio=1 if col == "why" else None,
+                         min_width=unbroken_width(whys) if col == "why" else None,
                          justify="right" if col in ("tp", "seq", "world", "nodes") else "left")
-    for r in rows:
+    for r, why in zip(rows, whys):
         status = "kept" if r["kept"] else "rejected"
-        why = "; ".join(r["reasons"] + [f"note: {f}" for f in r["flags"]]) or "-"
         table.add_row(
-            str(r["tp"]), str(r["seq"]), escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"),
+            str(r["tp"]), str(r["seq"]), escape(f"[{r['a2a']},{r['p2p']}]"),
             f"[green]{status}[/]" if r["kept"] else f"[red]{status}[/]",
             str(r["world_size"]), str(r["nodes"]), r["crosses_nodes"], escape(why),
         )
@@ -74,22 +121,22 @@ def _notes(data: dict[str, Any]) -> None:
 
 
 def print_findings(findings: Iterable[Any], source: str) -> None:
+    """One block per finding: its severity and rule, then what was found (wrapped between
+    words at the console's width) and the fix on a line of its own, never broken, so a
+    paste-ready override copies whole. ``format=json`` gives the same as data."""
     findings = list(findings)
     out = console()
     if not findings:
         out.print(f"validate: {source}: no findings, the HCP settings are consistent")
         return
-    table = Table(title=f"validate: {source}", show_lines=True)
-    for col in ("severity", "rule", "found", "fix"):
-        table.add_column(col, overflow="fold")
+    errors = sum(f.severity == "error" for f in findings)
+    out.print(escape(f"validate: {source}"))
     style = {"error": "red", "warning": "yellow", "info": "cyan"}
     for f in findings:
-        table.add_row(
-            f"[{style[f.severity]}]{f.severity}[/]", f.rule, escape(f.found), escape(f.fix or "-")
-        )
-    out.print(table)
-    errors = sum(f.severity == "error" for f in findings)
-    out.print(f"{errors} error(s), {len(findings) - errors} other finding(s)")
+        out.print(f"\n[{style[f.severity]}]{f.severity}[/] [bold]{escape(f.rule)}[/]")
+        out.print(escape(hanging(f.found, "  found: ", out.width)), soft_wrap=True)
+        out.print(escape(f"  fix:   {f.fix or '-'}"), soft_wrap=True)
+    out.print(f"\n{errors} error(s), {len(findings) - errors} other finding(s)")
 
 
 class SweepReporter:
@@ -134,7 +181,7 @@ class SweepReporter:
             self._live.update(self._table())
         else:
             stamp = time.strftime("%H:%M:%S")
-            tail = f" (best for {key}: {self.best[key]})" if key in self.best else ""
+            tail = f" (best so far {self.best[key]})" if key in self.best else ""
             print(f"[{stamp}] {spec.trial_id} {layout} {key}: {status} {detail}{tail}", flush=True)
 
     def _table(self) -> Table:
@@ -166,9 +213,9 @@ def print_sweep_start(plan: Any) -> None:
     """The plan's notes and fit advice (``sweep_plan.SweepPlan``), before anything runs;
     the trial count and the estimate are the reporter's first line (``SweepReporter.start``)."""
     for line in plan.notes:  # the recipe followed; one stage measured when pp > 1
-        print(f"sweep: {line}", file=sys.stderr)
+        print(hanging(f"sweep: {line}", "", stderr_width(), indent=2), file=sys.stderr)
     for line in plan.fit_advice:  # nothing fits: what would
-        print(line, file=sys.stderr)
+        print(hanging(line, "", stderr_width(), indent=2), file=sys.stderr)
 
 
 def print_sweep_end(summary: Any, recs: list[dict[str, Any]], results_dir: Any) -> None:
@@ -293,8 +340,6 @@ def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list
     out.print("\nPython:\n  " + "\n  ".join(escape(p) for p in python))
 
 
-TABLE_WIDTH = 100  # every default table fits this many columns; the rest: format=json
-
 
 def human_time(seconds: float) -> str:
     """A duration in the unit a person reads: ms below a second, s from there on."""
@@ -375,7 +420,6 @@ def print_predict(pred: dict[str, Any]) -> None:
     for r in pred["rejected"]:
         out.print(escape(f"rejected tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: "
                          + "; ".join(r["reasons"])))
-    for line in close_group_lines(pred):  # one line each: a command must copy whole
-        out.print(escape(line), soft_wrap=True)
+    say(*close_group_lines(pred))  # prose wrapped, a command whole
     out.print(escape(f"every number above is {pred['label']}; measure with "
                      "`python -m hcp_tune sweep ...` on the cluster"))
