@@ -39,6 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from stamp import write_results  # noqa: E402
 from sweep_overhead import Quiet  # noqa: E402  (the silent reporter; benchmarks/ is on the path)
 
 from hcp_tune import config  # noqa: E402
@@ -211,6 +212,55 @@ def agreement(name: str, ref: dict, mode: str, other: dict) -> None:
           f"{sorted(set(clear) - set(agree)) or 'none'}")
 
 
+RESULTS = HERE / "RESULTS-sweep-engine.md"
+HEADER = """# Sweep engine: batched vs one job per trial vs a user's hydra-submitit-launcher glue
+
+Written by `benchmarks/sweep_engine.py` (a full run; `--smoke` only prints): the local
+one-node SLURM cluster (`scripts/slurm-local.sh start`), model tiny, 1 warm-up + 3 measured
+steps per trial, early stopping off, `OMP_NUM_THREADS=1` in every mode (so the modes run the
+same thread count and differ only in overheads). Machine: 2 cores, no GPU, shared with
+other work: the stamp above records the load; compare the modes of one run, not runs.
+
+Workloads: cp2 (seq 256..2048, both layouts: 16 trials) and cp4 (seq 512..2048, [1,4], [2,2],
+[4,1]: 9 trials). Modes: `batched` (`executor.trials_per_job=16`: a workload in one job),
+`one-per-job` (`trials_per_job=1`) and `hydra` (`benchmarks/hydra_baseline/`:
+hydra-submitit-launcher's `--multirun` over (seq, a2a), one SLURM job per point running
+`python -m hcp_tune trial`; its own venv `benchmarks/.venv-hydra`, made on the first run).
+
+How to read a mode's lines: `ratio` is the sweep's wall time over the sum of its measured
+steps (1.0 would be no overhead at all); `imports` and `world group and fingerprint` are what
+every new job pays once; `outside the jobs' trials` is submission, queueing and job start
+(head), the gaps between jobs, and the orchestrator's tail; `inside a batch` is what a
+trial costs besides its measured steps when it shares processes with the trials before it.
+The last lines say whether each mode's winner agrees with one-per-job's on the keys where
+neither calls a tie (a margin within both trials' p10-p90 noise). CPU timings are noisy:
+a disagreement at a small seq is a near tie, not an engine effect.
+
+To reproduce (about 12 minutes on a quiet machine):
+
+```bash
+scripts/slurm-local.sh start
+PYTHONPATH=$PWD .venv/bin/python benchmarks/sweep_engine.py
+```
+
+## Output of the stamped run
+"""
+
+
+class Tee:
+    """Standard output that is also kept, for the results file."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.parts = stream, []
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default="cp2,cp4")
@@ -228,6 +278,7 @@ def main() -> None:
     if unknown:
         ap.error(f"--modes: unknown {unknown}; choices: {', '.join(MODES)}")
     workloads = ["smoke"] if args.smoke else args.workloads.split(",")
+    tee = sys.stdout = Tee(sys.stdout)
     # hcp-tune's SLURM jobs leave a CPU rank's torch threads unbounded (every core each),
     # the local launcher behind `hcp_tune trial` gives a rank cores // ranks (here 1): without
     # one setting for all, the modes would measure different thread counts, not overheads
@@ -250,6 +301,10 @@ def main() -> None:
                 if mode != "one-per-job":
                     agreement(name, results["one-per-job"], mode, results[mode])
     print(f"load average at end: {os.getloadavg()}")
+    if not args.smoke:
+        write_results(RESULTS, HEADER + "\n```text\n" + "".join(tee.parts) + "```\n")
+        sys.stdout = tee.stream
+        print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":
