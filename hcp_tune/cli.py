@@ -142,6 +142,15 @@ def cmd_sweep(args: list[str]) -> int:
 
     cfg = config.load(args)
     runner, reason = predict.resolve_runner(cfg.runner.name)
+    if cfg.runner.name == "auto" and runner != "model":
+        from hcp_tune.engine import dispatch
+
+        if dispatch.resolve_executor_name(cfg.executor.name) == "slurm":
+            small = dispatch.cannot_host(cfg)
+            if small:  # a login node of another cluster, or a one-node test cluster
+                runner, reason = "model", (
+                    f"runner=auto: {small}: predicting with the cost model; measure on a "
+                    "cluster that fits (or give runner=attention to submit anyway)")
     if runner != "model":  # it will write there: say so now, not after a job ran
         config.writable_dir(cfg.results_dir)
     ui.print_sweep_runner(reason)

@@ -4,6 +4,8 @@ import json
 
 import pandas as pd
 import pytest
+
+from hcp_tune.engine import dispatch
 from helpers import (
     TINY,
     ctrl_c_once_submitted,
@@ -158,6 +160,30 @@ def test_recommend_without_measurements_offers_a_labelled_prediction(tmp_path):
     r = hcp("recommend", "cluster=dgx-h100", "model=llama3-8b", "cp=8", "seq=131072",
             f"results_dir={tmp_path}")
     assert "PREDICTED, not measured" in r.stdout
+
+
+@pytest.mark.slurm
+def test_runner_auto_predicts_when_the_partition_cannot_hold_a_trial(slurm_cluster, tmp_path):
+    """The same trial with runner=auto: sinfo shows one node, the trial needs 4, so nothing
+    is submitted; the sweep says why in one line and prints the predicted ranking."""
+    res = tmp_path / "results"
+    r = hcp("sweep", "cp=8", "seq=131072", "tp=4", "pp=1", "cluster=dgx-h100",
+            "executor=slurm", f"results_dir={res}", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("runner=auto: SLURM here has 1 node(s) with 8 GPU(s) in the default partition; "
+            "the smallest trial of cluster=dgx-h100 needs 32 ranks on 4 node(s) of 8 GPUs: "
+            "predicting") in r.stderr
+    assert "PREDICTED" in r.stdout and not (res / "rows").exists()
+
+
+def test_partition_nodes_reads_sinfo_gres_per_partition():
+    text = ("debug*|1|gpu:8|16\nbig|3|gpu:h100:8(S:0-1)|64\nbig|2|gpu:4|64\n"
+            "cpu|10|(null)|128\n")
+    assert dispatch.partition_nodes(text, None, 8) == 1  # the default partition
+    assert dispatch.partition_nodes(text, "big", 8) == 3  # typed gres, socket suffix
+    assert dispatch.partition_nodes(text, "big", 4) == 5
+    assert dispatch.partition_nodes(text, "cpu", 1) == 0  # no GPUs at all
+    assert dispatch.partition_nodes(text, "nope", 1) == 0
 
 
 @pytest.mark.slurm
