@@ -14,7 +14,7 @@ on ``[a2a, p2p]``. The attention core of one layer, forward and backward
   x H/(H + half_efficiency_heads)`` where ``L = seq/p2p`` is the query/key length of one
   ring step's kernel (short blocks run a flash kernel less efficiently: why pure ring loses
   at short chunks, hcp-facts.md section 6) and ``H = heads/(tp*a2a)`` the heads a rank
-  holds after the all-to-all (wide a2a leaves few).
+  holds after the all-to-all (no loss by default: see ``half_efficiency_heads``).
 - all-to-all over the a2a group (never overlapped): forward Q, K, V in and O back,
   backward dO in and dQ, dK, dV back. One all-to-all of ``V`` bytes per rank over ``N``
   ranks is ``N-1`` messages of ``V/N``, all ranks at once, each costing ``latency +
@@ -72,8 +72,9 @@ from hcp_tune.upstream.rules import LAYOUT_RULES, evaluate
 GIB = 1024**3
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 A2A_CALLS_PER_LAYER = 8  # forward Q, K, V, O; backward dO, dQ, dK, dV
-# where a fit starts a parameter whose default is 0 (a log-space fit cannot start at 0)
-FIT_START = {"large_block_tokens": 1e6, "half_efficiency_heads": 1e-3,
+# where a fit starts a parameter whose default is 0 (a log-space fit cannot start at 0);
+# half_efficiency_heads at its former default, so fits start where they did
+FIT_START = {"large_block_tokens": 1e6, "half_efficiency_heads": 0.1,
              "small_message_half_bytes": 1.0, "ring_step_overhead_us": 1e-3,
              "ring_merge_bytes_per_element": 1e-3}
 # on a GPU these are fractions of a datasheet figure: a fit keeps them at or below 1 (on a
@@ -114,14 +115,16 @@ class CostParams:
     """0: no penalty for long blocks (flash kernels tile, GPU). Else efficiency is divided by
     ``1 + L/large_block_tokens``: a reference kernel that materialises L x L scores (the CPU
     runner) slows once they leave the cache; calibration fits it on CPU."""
-    half_efficiency_heads: float = 0.1
+    half_efficiency_heads: float = 0.0
     """Heads per rank (after the all-to-all) at which the attention kernel would reach half
-    its many-heads efficiency: efficiency is multiplied by ``H/(H + this)``. Flash kernels
-    spread a rank's work over (batch, head, query tile) blocks, and the causal triangle
-    makes the tiles of one head unequal (FlashAttention-2, Dao 2023, section 3.2: the
-    split over heads and batch sets the occupancy); with one head per rank the scheduler
-    has the fewest independent pieces to balance. 0.1 is our order-of-magnitude choice
-    (about 9% slower at 1 head per rank, 2.5% at 4, under 1% from 16); calibration fits it."""
+    its many-heads efficiency: efficiency is multiplied by ``H/(H + this)``. 0 by default:
+    no such loss. A flash kernel's grid is (query tiles x batch x heads) (FlashAttention-2,
+    Dao 2023, section 3.2; backward: key tiles), and after the all-to-all a rank holds
+    ``heads/(tp*a2a)`` heads of ``seq/p2p`` tokens, so its grid, ``mbs*heads*seq/(tp*cp*128)``
+    tiles, its waves and its causal tail are the same for every split of a key: the heads a
+    rank holds do not change the kernel's occupancy. (The default was 0.1, which charged 9%
+    at one head per rank: it counted heads and batch but not query tiles.) Calibration may
+    still fit it, from ``FIT_START``, as a stand-in for an effect the model lacks."""
     small_message_half_bytes: float = 1024.0**2
     """Message size (bytes) at which one all-to-all message reaches half the link
     bandwidth: a message of ``m`` bytes costs ``latency + (m + this)/bandwidth``. NCCL's

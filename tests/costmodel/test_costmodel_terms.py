@@ -103,9 +103,18 @@ def test_a_ring_does_not_share_the_node_link():
     assert capped.step_time_s == free.step_time_s and capped.exposed_p2p_s > 0
 
 
+def test_no_few_heads_loss_by_default():
+    # a flash kernel's grid (query tiles x batch x heads) is the same for every split of a
+    # key: the defaults charge nothing for few heads per rank
+    model, cluster = profiles()
+    for a2a in (1, 2, 4, 8):
+        p = predict_attention_layer(model, cluster, cand(a2a, 8 // a2a, seq=131072))
+        assert p.terms.compute_few_heads_s == pytest.approx(0.0, abs=1e-12 * p.compute_s)
+
+
 def test_few_heads_per_rank_by_hand():
     model, cluster = profiles()  # 32 heads: a2a 8 -> 4 heads per rank, a2a 1 -> 32
-    params = CostParams(half_efficiency_tokens=1e-9)
+    params = CostParams(half_efficiency_tokens=1e-9, half_efficiency_heads=0.1)
     for a2a, heads in ((8, 4), (1, 32)):
         p = predict_attention_layer(model, cluster, cand(a2a, 8 // a2a, seq=131072), params=params)
         ideal = sum(causal_attention_flops(131072, 32, 128, 1)) / 8 / (989e12 * 0.5)
