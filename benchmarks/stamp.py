@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _git(*args: str) -> str:
     try:
+        # rstrip, not strip: a porcelain line starts with a space (" M path")
         return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
+                              text=True, timeout=10).stdout.rstrip("\n")
     except (OSError, subprocess.SubprocessError):
         return ""
 

@@ -14,13 +14,17 @@ on ``[a2a, p2p]``. The attention core of one layer, forward and backward
   x H/(H + half_efficiency_heads)`` where ``L = seq/p2p`` is the query/key length of one
   ring step's kernel (short blocks run a flash kernel less efficiently: why pure ring loses
   at short chunks, hcp-facts.md section 6) and ``H = heads/(tp*a2a)`` the heads a rank
-  holds after the all-to-all (wide a2a leaves few).
+  holds after the all-to-all (no loss by default: see ``half_efficiency_heads``).
 - all-to-all over the a2a group (never overlapped): forward Q, K, V in and O back,
   backward dO in and dQ, dK, dV back. One all-to-all of ``V`` bytes per rank over ``N``
   ranks is ``N-1`` messages of ``V/N``, all ranks at once, each costing ``latency +
-  (V/N + small_message_half_bytes)/bw``; ``bw`` is the intra- or inter-node link by where
-  the a2a group sits (``RankGroups``), within a node capped at the profile's
-  ``node_aggregate_bw_gbs`` shared by the node's ranks (PCIe nodes).
+  (V/N + small_message_half_bytes)/bw``. A group inside a node uses the intra-node link,
+  capped at the profile's ``node_aggregate_bw_gbs`` shared by the node's ranks (PCIe
+  nodes). A group spanning ``k`` nodes (``RankGroups``: Megatron puts it there when
+  tp*a2a > GPUs per node) sends the ``(k-1)/k`` share of ``V`` to the peers on other nodes
+  over the inter-node link (per GPU in the profiles: the node's NICs shared by its GPUs,
+  which all send at once) with the inter-node latency per peer, and the rest over the
+  intra-node link at the same time; the slower part sets the time.
 - ring over the p2p group: forward ``p-1`` steps that each cost ``max(compute_step +
   step overhead, send K/V block)`` and a last step of compute only; backward the same with
   K/V and dK/dV blocks, plus the un-overlapped hand-back of the last dK/dV block to its
@@ -68,8 +72,9 @@ from hcp_tune.upstream.rules import LAYOUT_RULES, evaluate
 GIB = 1024**3
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 A2A_CALLS_PER_LAYER = 8  # forward Q, K, V, O; backward dO, dQ, dK, dV
-# where a fit starts a parameter whose default is 0 (a log-space fit cannot start at 0)
-FIT_START = {"large_block_tokens": 1e6, "half_efficiency_heads": 1e-3,
+# where a fit starts a parameter whose default is 0 (a log-space fit cannot start at 0);
+# half_efficiency_heads at its former default, so fits start where they did
+FIT_START = {"large_block_tokens": 1e6, "half_efficiency_heads": 0.1,
              "small_message_half_bytes": 1.0, "ring_step_overhead_us": 1e-3,
              "ring_merge_bytes_per_element": 1e-3}
 # on a GPU these are fractions of a datasheet figure: a fit keeps them at or below 1 (on a
@@ -110,14 +115,16 @@ class CostParams:
     """0: no penalty for long blocks (flash kernels tile, GPU). Else efficiency is divided by
     ``1 + L/large_block_tokens``: a reference kernel that materialises L x L scores (the CPU
     runner) slows once they leave the cache; calibration fits it on CPU."""
-    half_efficiency_heads: float = 0.1
+    half_efficiency_heads: float = 0.0
     """Heads per rank (after the all-to-all) at which the attention kernel would reach half
-    its many-heads efficiency: efficiency is multiplied by ``H/(H + this)``. Flash kernels
-    spread a rank's work over (batch, head, query tile) blocks, and the causal triangle
-    makes the tiles of one head unequal (FlashAttention-2, Dao 2023, section 3.2: the
-    split over heads and batch sets the occupancy); with one head per rank the scheduler
-    has the fewest independent pieces to balance. 0.1 is our order-of-magnitude choice
-    (about 9% slower at 1 head per rank, 2.5% at 4, under 1% from 16); calibration fits it."""
+    its many-heads efficiency: efficiency is multiplied by ``H/(H + this)``. 0 by default:
+    no such loss. A flash kernel's grid is (query tiles x batch x heads) (FlashAttention-2,
+    Dao 2023, section 3.2; backward: key tiles), and after the all-to-all a rank holds
+    ``heads/(tp*a2a)`` heads of ``seq/p2p`` tokens, so its grid, ``mbs*heads*seq/(tp*cp*128)``
+    tiles, its waves and its causal tail are the same for every split of a key: the heads a
+    rank holds do not change the kernel's occupancy. (The default was 0.1, which charged 9%
+    at one head per rank: it counted heads and batch but not query tiles.) Calibration may
+    still fit it, from ``FIT_START``, as a stand-in for an effect the model lacks."""
     small_message_half_bytes: float = 1024.0**2
     """Message size (bytes) at which one all-to-all message reaches half the link
     bandwidth: a message of ``m`` bytes costs ``latency + (m + this)/bandwidth``. NCCL's
@@ -280,18 +287,33 @@ class _Attention:
     terms: Terms
 
 
-def _a2a(volumes: list[float], n: int, link_bw: float, capped_bw: float, lat: float,
-         params: "CostParams") -> tuple[float, float, float]:
+def _a2a(volumes: list[float], n: int, local: int, intra: tuple[float, float, float],
+         inter: tuple[float, float], params: "CostParams") -> tuple[float, float, float]:
     """(volume, messages, shared-link) seconds of one all-to-all per tensor in ``volumes``
-    (bytes each rank holds) over ``n`` ranks: each rank sends ``n-1`` messages of ``V/n``,
-    all ranks at once. A message costs ``lat + (V/n + m_half)/bw``: the per-message latency,
-    and a small message reaches ``m/(m + m_half)`` of the link bandwidth. ``capped_bw``
-    (<= ``link_bw``) is what each rank gets when the node's fabric is shared."""
+    (bytes each rank holds) over ``n`` ranks, ``local`` of them on each node (``n`` when the
+    group stays inside a node): each rank sends ``n-1`` messages of ``V/n``, all ranks at
+    once, ``local-1`` of them over the intra-node link and ``n-local`` (the share
+    ``(k-1)/k`` of ``V`` for a group spanning ``k`` nodes) over the inter-node link. A
+    message costs ``lat + (V/n + m_half)/bw``: the per-message latency, and a small
+    message reaches ``m/(m + m_half)`` of the link bandwidth. ``intra`` is (bandwidth,
+    capped bandwidth, latency): the capped bandwidth (<= bandwidth) is what each rank gets
+    when the node's fabric is shared. ``inter`` is (bandwidth, latency) of one rank's share
+    of the node's network links: the profiles give it per GPU (a NIC per GPU), and every
+    rank of the node sends across at once. The two parts use different links and run at
+    once: one all-to-all takes as long as the slower part, whose terms are returned."""
+    bw_in, capped, lat_in = intra
+    bw_out, lat_out = inter
     volume = messages = shared = 0.0
     for v in volumes:
-        volume += (n - 1) / n * v / link_bw
-        shared += (n - 1) / n * v * (1 / capped_bw - 1 / link_bw)
-        messages += (n - 1) * (lat + params.small_message_half_bytes / link_bw)
+        peers_in, peers_out = local - 1, n - local
+        vol_in, vol_out = peers_in / n * v / bw_in, peers_out / n * v / bw_out
+        sh_in = peers_in / n * v * (1 / capped - 1 / bw_in)
+        msg_in = peers_in * (lat_in + params.small_message_half_bytes / bw_in)
+        msg_out = peers_out * (lat_out + params.small_message_half_bytes / bw_out)
+        if vol_out + msg_out > vol_in + msg_in + sh_in:
+            volume, messages = volume + vol_out, messages + msg_out
+        else:
+            volume, messages, shared = volume + vol_in, messages + msg_in, shared + sh_in
     return volume, messages, shared
 
 
@@ -327,16 +349,17 @@ def _attention(model, cluster, cand, mbs, dtype, params, forward_only=False) -> 
     kv_bytes = local_tokens * model.kv_heads / tp * model.head_dim * b  # K or V
     a2a_s = 0.0
     if a > 1:
-        link_bw, lat = _link(cluster, params, groups.a2a_crosses_nodes)
+        link_bw, lat = _link(cluster, params, False)
         capped = link_bw
-        if cluster.node_aggregate_bw_gbs is not None and not groups.a2a_crosses_nodes:
+        if cluster.node_aggregate_bw_gbs is not None:
             # every rank of the node is in an a2a group and they all send at once
             agg = cluster.node_aggregate_bw_gbs * 1e9 * params.intra_bw_efficiency
             capped = min(link_bw, agg / _ranks_on_node(cand, cluster))
         volumes = [q_bytes, kv_bytes, kv_bytes, q_bytes]  # forward Q, K, V in, O back
         if not forward_only:
             volumes += [q_bytes, q_bytes, kv_bytes, kv_bytes]  # backward dO in, dQ, dK, dV back
-        vol, msgs, shared = _a2a(volumes, a, link_bw, capped, lat, params)
+        vol, msgs, shared = _a2a(volumes, a, groups.a2a_members_per_node, (link_bw, capped, lat),
+                                 _link(cluster, params, True), params)
         a2a_s = vol + msgs + shared
         terms.update(a2a_volume_s=vol, a2a_messages_s=msgs, a2a_shared_link_s=shared)
 

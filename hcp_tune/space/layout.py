@@ -81,6 +81,17 @@ class RankGroups:
         return self._crosses(self.a2a)
 
     @property
+    def a2a_members_per_node(self) -> int:
+        """The fewest members of one a2a group that share a node: a rank of that node has
+        ``this - 1`` all-to-all peers on its own node and the rest on others (the group's
+        size when no group crosses nodes)."""
+        counts = []
+        for g in self.a2a:
+            nodes = [r // self.gpus_per_node for r in g]
+            counts += [nodes.count(n) for n in set(nodes)]
+        return min(counts)
+
+    @property
     def p2p_crosses_nodes(self) -> bool:
         return self._crosses(self.p2p)
 

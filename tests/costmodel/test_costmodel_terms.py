@@ -53,6 +53,34 @@ def test_a2a_messages_by_hand():
     assert fwd.terms.a2a_messages_s == pytest.approx(4 * 7 * per_message)  # Q, K, V, O only
 
 
+@pytest.mark.parametrize("tp,a2a,local", [(2, 8, 4), (4, 8, 2), (8, 4, 1)])
+def test_a2a_across_nodes_by_hand(tp, a2a, local):
+    # cp=8 on 8-GPU nodes: the a2a group takes every tp-th rank, so with tp*a2a > 8 it spans
+    # tp*a2a/8 nodes with `local` members on each. Each rank sends V/a2a to each of its
+    # a2a-1 peers: a2a - local of them on other nodes (the (k-1)/k share of V, over the
+    # inter-node link, 50 GB/s x 0.8, 10 us each), local - 1 over NVLink at the same time;
+    # the network part is the slower
+    model, cluster = profiles()
+    c = cand(a2a, 8 // a2a, seq=131072, tp=tp)
+    assert c.groups.a2a_members_per_node == local
+    p = predict_attention_layer(model, cluster, c)
+    q = 131072 / 8 * 32 / tp * 128 * 2  # llama2-7b: Q = K = V = O in size, bf16
+    remote = a2a - local
+    assert p.terms.a2a_volume_s == pytest.approx(8 * remote / a2a * q / (50e9 * 0.8))
+    assert p.terms.a2a_messages_s == pytest.approx(
+        8 * remote * (10e-6 + 1024**2 / (50e9 * 0.8)))
+    assert p.terms.a2a_shared_link_s == 0.0
+
+
+def test_a2a_across_more_nodes_is_slower():
+    # the cross-node share (k-1)/k and the remote peers grow with the nodes k the group spans
+    model, cluster = profiles()
+    times = [predict_attention_layer(model, dataclasses.replace(cluster, gpus_per_node=g),
+                                     cand(8, 1, seq=131072, gpus_per_node=g)).exposed_a2a_s
+             for g in (8, 4, 2, 1)]  # the group spans k = 1, 2, 4, 8 nodes
+    assert times == sorted(times) and times[0] < times[1]
+
+
 def test_shared_node_link_by_hand():
     # pcie-a100: 8 ranks share 128 GB/s -> 16 GB/s each (x 0.8) instead of the link's 32
     model, cluster = profiles("pcie-a100")
@@ -75,9 +103,18 @@ def test_a_ring_does_not_share_the_node_link():
     assert capped.step_time_s == free.step_time_s and capped.exposed_p2p_s > 0
 
 
+def test_no_few_heads_loss_by_default():
+    # a flash kernel's grid (query tiles x batch x heads) is the same for every split of a
+    # key: the defaults charge nothing for few heads per rank
+    model, cluster = profiles()
+    for a2a in (1, 2, 4, 8):
+        p = predict_attention_layer(model, cluster, cand(a2a, 8 // a2a, seq=131072))
+        assert p.terms.compute_few_heads_s == pytest.approx(0.0, abs=1e-12 * p.compute_s)
+
+
 def test_few_heads_per_rank_by_hand():
     model, cluster = profiles()  # 32 heads: a2a 8 -> 4 heads per rank, a2a 1 -> 32
-    params = CostParams(half_efficiency_tokens=1e-9)
+    params = CostParams(half_efficiency_tokens=1e-9, half_efficiency_heads=0.1)
     for a2a, heads in ((8, 4), (1, 32)):
         p = predict_attention_layer(model, cluster, cand(a2a, 8 // a2a, seq=131072), params=params)
         ideal = sum(causal_attention_flops(131072, 32, 128, 1)) / 8 / (989e12 * 0.5)

@@ -3,8 +3,8 @@ attention study pattern (P2P wins most CP2 cases, A2A most CP4 and CP8 cases), p
 
 Targets on the yunchang 8x A100 table (forward only): mean Kendall tau >= 0.7, predicted
 best in the measured top two in 5/5 rows, predicted best at most 5% slower than the
-measured best. The uncalibrated defaults reach only the top-two target; a calibration on
-the whole table reaches all three in-sample; a calibration on four rows predicting the
+measured best. The uncalibrated defaults reach the tau target (0.73) but not the other
+two (4/5, 39%); a calibration on the whole table reaches all three in-sample; a calibration on four rows predicting the
 fifth (leave one row out) misses the tau and top-two targets. The tests assert what each
 reaches, so a regression shows; docs/guides/cost-model.md says what stands in the way.
 """
@@ -66,10 +66,13 @@ def test_the_table_is_read_as_published():
 # ------------------------------------------------------------------ the check
 
 def test_uncalibrated_defaults_on_the_yunchang_table():
-    """Below the tau target: the defaults know nothing of yunchang's Python ring (per-step
-    overhead and unfused merges, which the calibration finds) and pick [2,4] at 8K."""
+    """Mean tau 0.73 since the defaults charge nothing for few heads per rank (a flash
+    kernel's grid is the same for every split of a key); they still know nothing of
+    yunchang's Python ring (per-step overhead and unfused merges, which the calibration
+    finds) and pick [2,4] at 8K (39% slower), and at 128K with 8 heads they pick a2a 8, which
+    measured third (4.4% slower than the best)."""
     tau, top2, worst = summary(agreement.agreement(list(rows()), CostParams()))
-    assert tau >= 0.5 and top2 == 5
+    assert tau >= 0.7 and top2 >= 4
     assert worst < 0.40
 
 
@@ -121,17 +124,23 @@ def te_clusters():
 
 
 H100_CP2 = pytest.mark.xfail(strict=True, reason=(
-    "the uncalibrated model prefers a2a at CP2 on dgx-h100 in 8 of 10 cases, all within 1.7% "
+    "the uncalibrated model prefers a2a at CP2 on dgx-h100 in 10 of 10 cases, all within 1.9% "
     "(TE calls results within 3% near-ties); TE's study saw P2P win most CP2 cases"))
+GB200_CP2 = pytest.mark.xfail(strict=True, reason=(
+    "the uncalibrated model calls CP2 on gb200-nvl72 a tie: a2a ahead in 9 of 10 cases, all "
+    "within 0.2% (TE calls results within 3% near-ties; with the former 9% charge for one "
+    "head per rank p2p was ahead by 0.1-0.4%); TE's study saw P2P win most CP2 cases"))
 
 
 @pytest.mark.parametrize("cluster", agreement.TE_STUDY_CLUSTERS)
 @pytest.mark.parametrize("cp,winner", [(2, "p2p"), (4, "a2a"), (8, "a2a")])
 def test_te_study_pattern_p2p_at_cp2_a2a_at_cp4_and_cp8(request, cluster, cp, winner):
     """Each cluster on its own: pooling them would let one cluster's agreement hide the
-    other's disagreement (H100 alone at CP2, marked as the known expected failure)."""
+    other's disagreement (H100 and GB200 at CP2, marked as known expected failures: near-ties)."""
     if (cluster, cp) == ("dgx-h100", 2):
         request.applymarker(H100_CP2)
+    if (cluster, cp) == ("gb200-nvl72", 2):
+        request.applymarker(GB200_CP2)
     wins = agreement.te_study_winners(cp, {cluster: te_clusters()[cluster]})
     assert sum(wins[cluster].values()) == 10
     assert wins[cluster][winner] > 5, wins

@@ -173,6 +173,19 @@ def test_placement_says_which_level_crosses_nodes():
     assert math.prod(Layout(2, 4).sizes) == 8
 
 
+@pytest.mark.parametrize("tp,a2a,gpus_per_node,local", [
+    (1, 8, 8, 8),  # inside a node: all 8 members together
+    (2, 8, 8, 4),  # {0,2,..,14}: 4 on each of 2 nodes
+    (4, 4, 8, 2),  # {0,4,8,12}: 2 on each of 2 nodes
+    (8, 2, 8, 1),  # {0,8}: one per node
+    (1, 8, 4, 4),  # 4-GPU nodes: 4 + 4
+])
+def test_a2a_members_per_node(tp, a2a, gpus_per_node, local):
+    groups = rank_groups(Layout(a2a, 2), tp=tp, gpus_per_node=gpus_per_node)
+    assert groups.a2a_members_per_node == local
+    assert groups.a2a_crosses_nodes == (local < a2a)
+
+
 def test_pipeline_stages_each_get_their_own_cp_groups_after_the_first_stage():
     g = rank_groups(Layout(2, 2), tp=1, dp=1, pp=2, gpus_per_node=8)
     assert g.cp == ((0, 1, 2, 3), (4, 5, 6, 7))
