@@ -197,6 +197,11 @@ class Recommendation:
     missing: str = ""  # "[2,2] cancelled; ..."
     # the layouts on the study's (step time, peak memory) Pareto front: "[1,4] [2,2]"
     pareto: str = ""
+    # runner=bridge: the best layout's tokens trained per second per GPU at the key's m
+    # (m*mbs*dp*seq / step / (tp*cp*dp*pp)): what compares keys of different tp, pp or dp,
+    # whose step times are not for the same work on the same GPUs; None for the attention
+    # runner (one layer's attention, not a training step)
+    tokens_per_gpu_s: Optional[float] = None
     schema_version: int = RECOMMENDATION_SCHEMA
 
     def to_dict(self) -> dict[str, Any]:

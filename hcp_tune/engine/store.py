@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from hcp_tune.costmodel.microbatch import tokens_per_gpu_s
 from hcp_tune.engine.records import (
     KEY_FIELDS,
     OLDER_ROW_DEFAULTS,
@@ -346,12 +347,23 @@ def recommendations(rows: list[dict[str, Any]],
             incomplete=bool(missing_layouts(key_rows)),
             missing="; ".join(missing_layouts(key_rows)),
             pareto=(pareto or {}).get(SweepKey.of(dict(zip(KEY_FIELDS, key))).name, ""),
+            tokens_per_gpu_s=_tokens_per_gpu(dict(zip(KEY_FIELDS, key)), best["median_s"]),
         ).to_dict())
     return out
 
 
 def _count(v: Any) -> int:
     return 0 if _nan(v) else int(v)
+
+
+def _tokens_per_gpu(key: dict[str, Any], step_s: float) -> Optional[float]:
+    """runner=bridge: tokens per second per GPU of a step of ``step_s`` at the key's m."""
+    if key["runner"] != "bridge" or not step_s:
+        return None
+    dp = int(key["dp"])
+    return tokens_per_gpu_s(step_s, m=int(key["micro_batches"]), mbs=int(key["mbs"]), dp=dp,
+                            seq=int(key["seq"]),
+                            world=int(key["tp"]) * int(key["cp"]) * dp * int(key["pp"]))
 
 
 def _why_not(r: dict[str, Any]) -> str:

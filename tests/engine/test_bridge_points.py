@@ -116,6 +116,11 @@ def test_the_runs_combine_into_one_row_with_both_m_the_fit_and_the_step(submitte
     assert sweeper.best[fast.key.name]["trial_id"] == fast.spec.trial_id
     trial = fast.study.study.trials[fast.number]
     assert trial.values[0] == pytest.approx(1.8)  # the optuna objective: the user's m
+    sweeper.store.rebuild(sweeper.storage)
+    (rec,) = sweeper.store.recommendations()
+    assert (rec["a2a"], rec["median_s"]) == (fast.spec.a2a, pytest.approx(1.8))
+    # across keys (other tp, pp or dp) the tables compare tokens/s per GPU at the user's m
+    assert rec["tokens_per_gpu_s"] == pytest.approx(USER_M * 1 * 1 * 256 / 1.8 / 2)
 
 
 def test_a_failed_run_fails_the_trial_with_its_class_and_m(submitted):
