@@ -1,7 +1,9 @@
 """``sweep``: measure every kept layout of every sweep key and rank them.
 
 The loop: for each key (tp, seq) an optuna study (``tuner``) asks for layouts; each trial
-becomes a ``TrialSpec`` and a submitit job (``dispatch``); results come back as
+becomes a ``TrialSpec`` and a submitit job (``dispatch``; runner=bridge measures a trial by
+two runs, at m = pp and 3*pp micro-batches, in the same job, and combines them into one
+result at the user's m: ``trials.point_specs``, ``trials.combine``); results come back as
 ``TrialResult`` data, are stored the moment they arrive (``store``), told to the study,
 and shown live (``ui``). Up to ``array_parallelism`` trials run at once; the first batch
 goes out as one job array, later ones one by one as slots free up, so no batch waits for
@@ -24,7 +26,6 @@ from hcp_tune.costmodel.microbatch import measure_points
 from hcp_tune.engine import budget, dispatch, sweep_plan
 from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
 from hcp_tune.engine.sweep_plan import SweepPlan, failure_label, kept_by_key, plan_sweep
-from hcp_tune.errors import ConfigError
 from hcp_tune.engine.trials import (
     combine,
     failed_from_job,
@@ -38,6 +39,7 @@ from hcp_tune.engine.trials import (
     should_prune,
     spec_for,
 )
+from hcp_tune.errors import ConfigError
 
 # the jobs' payloads, both executors: on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.payload import batch_payload, steps_payload

@@ -1,9 +1,12 @@
 """One trial as the orchestrator sees it: the ``TrialSpec`` built for a kept layout
 (``spec_for``), the result read back from its files (``read_result``: rank 0's, a peer's
 root cause merged in), its live progress (``read_progress``), the early-stopping rule
-(``should_prune``) and the result of a trial whose job ended without one
-(``failed_from_job``, ``partial_result``). ``sweep.Sweeper`` and ``launch`` use them; no
-optuna, no loop.
+(``should_prune``, with ``prune_reference`` for a run at another m than the best's median)
+and the result of a trial whose job ended without one (``failed_from_job``,
+``partial_result``). A runner=bridge trial is measured by two runs at m = pp and 3*pp
+micro-batches (``point_specs``), whose results become the trial's one result at the
+user's m (``combine``) and its row's micro-batch fields (``point_fields``).
+``sweep.Sweeper`` and ``launch`` use them; no optuna, no loop.
 """
 from __future__ import annotations
 
