@@ -215,3 +215,23 @@ def test_plan_and_the_budget_count_both_runs(tmp_path):
     assert "2 trial(s) (4 runs)" in plan["estimate"]["text"]
     one = sweep_plan.plan_rows(_cfg(tmp_path, "gbs=2"))
     assert one["estimate"]["gpu_hours"] < plan["estimate"]["gpu_hours"]
+
+
+@pytest.mark.multiproc
+def test_a_bridge_sweep_runs_the_first_run_and_its_failure_ends_the_trial(tmp_path):
+    """End to end through the CLI, the local steps driver and the combination, on a machine
+    without Bridge (so no run can measure): the trial's first run (m=1) fails its
+    environment check, the trial is stored failed at that m, the sweep stops as documented."""
+    from helpers import hcp, rows
+
+    r = hcp("sweep", "runner=bridge", "cluster=local", "model=tiny", "cp=2", "seq=256",
+            f"gbs={USER_M}", "executor=local", f"results_dir={tmp_path}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "by 2 Bridge runs, at m=1 and 3 micro-batches" in r.stderr
+    assert "2 trial(s) (4 runs)" in r.stdout
+    (row,) = rows(tmp_path)
+    assert (row["status"], row["failure_class"]) == ("failed", "environment")
+    assert row["error"].startswith("at m=1: ") and "megatron.bridge" in row["error"]
+    assert json.loads(row["measured_micro_batches"]) == [1]
+    assert (tmp_path / "trials" / f"{row['trial_id']}-m1.result.json").exists()
+    assert "stopped submitting after an environment failure" in r.stderr
