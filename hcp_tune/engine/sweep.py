@@ -406,8 +406,11 @@ class Sweeper:
             self.queue.clear()
         if result.status is Status.PRUNED and not (result.error or "").startswith("cancelled"):
             self.summary.pruned += 1
+            ran = len(result.step_times_s)
+            if len(member.points) > 1:  # every run's measured steps (later runs: none)
+                ran = sum(len(r.step_times_s) for r in results or [] if r is not None)
             self.summary.pruned_saved_steps += max(
-                0, member.spec.measure_steps - len(result.step_times_s))
+                0, member.spec.measure_steps * len(member.points) - ran)
         s = result.status.value
         self.summary.by_status[s] = self.summary.by_status.get(s, 0) + 1
         label = failure_label(row)

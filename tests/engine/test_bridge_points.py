@@ -235,3 +235,19 @@ def test_a_bridge_sweep_runs_the_first_run_and_its_failure_ends_the_trial(tmp_pa
     assert json.loads(row["measured_micro_batches"]) == [1]
     assert (tmp_path / "trials" / f"{row['trial_id']}-m1.result.json").exists()
     assert "stopped submitting after an environment failure" in r.stderr
+
+
+def test_a_trial_stopped_early_in_its_first_run_keeps_its_steps_and_no_median(submitted):
+    sweeper, _ = submitted
+    run = sweeper.running[0]
+    member = run.members[0]
+    steps = member.spec.measure_steps
+    _write(member.points[0], status=Status.PRUNED, median=0.9, error="stopped early: slower")
+    sweeper._collect_landed(run, finished=False)
+    row = next(r for r in sweeper.store.rows() if r["trial_id"] == member.spec.trial_id)
+    assert row["status"] == "pruned" and row["median_s"] is None and row["steps"] == 3
+    assert row["error"] == "at m=1: stopped early: slower"
+    assert sweeper.summary.pruned_saved_steps == 2 * steps - 3  # this run's rest and the next
+    from hcp_tune.engine.store import missing_layouts
+
+    assert missing_layouts([row]) == []  # it lost: measured, not missing
