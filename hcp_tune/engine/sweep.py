@@ -136,6 +136,22 @@ class SweepSummary:
         return total
 
 
+def runs_as_steps(cfg: SweepConfig) -> bool:
+    """``executor.batch``: whether a job runs each trial's runs as steps in fresh processes
+    (``auto``: for runner=bridge). Raises ``ConfigError`` for a runner=bridge sweep in one
+    process set whose trials are two Bridge runs (Bridge runs once per process set)."""
+    batch, runner = cfg.executor.batch, cfg.runner.name
+    steps = batch == "steps" or (batch == "auto" and runner == "bridge")
+    points = measure_points(cfg.pp, cfg.micro_batches)
+    if runner == "bridge" and not steps and len(points) > 1:
+        raise ConfigError(
+            f"executor.batch={batch} with runner=bridge: each layout is measured by "
+            f"{len(points)} Bridge runs (m={' and '.join(map(str, points))} micro-batches, "
+            "then ranked at the user's m), and Bridge runs one per process set; use "
+            "executor.batch=steps (or auto)")
+    return steps
+
+
 class Sweeper:
     """One sweep run: plans the work, keeps the slots full, stores every outcome."""
 
@@ -154,15 +170,7 @@ class Sweeper:
             cfg.executor, folder=cfg.executor.folder or str(cfg.results_dir / "jobs"))
         self.executor_name = dispatch.resolve_executor_name(self.exec_cfg.name)
         # executor.batch: a batch's trials in one process set, or each as its own step
-        batch = self.exec_cfg.batch
-        self.steps = batch == "steps" or (batch == "auto" and runner == "bridge")
-        points = measure_points(cfg.pp, cfg.micro_batches)
-        if runner == "bridge" and not self.steps and len(points) > 1:
-            raise ConfigError(
-                f"executor.batch={batch} with runner=bridge: each layout is measured by "
-                f"{len(points)} Bridge runs (m={' and '.join(map(str, points))} micro-batches, "
-                "then ranked at the user's m), and Bridge runs one per process set; use "
-                "executor.batch=steps (or auto)")
+        self.steps = runs_as_steps(cfg)
         self.progress_dir = cfg.results_dir / "progress"
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         # CPU trials share this machine's cores: measured side by side they would rank the

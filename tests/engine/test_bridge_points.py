@@ -201,9 +201,16 @@ def test_a_small_m_is_measured_as_it_is(tmp_path):
 
 
 def test_a_bridge_sweep_in_one_process_set_is_refused_in_one_line(tmp_path):
+    from helpers import hcp
+
     with pytest.raises(ConfigError, match=r"executor.batch=processes with runner=bridge: each "
                        r"layout is measured by 2 Bridge runs \(m=1 and 3 micro-batches"):
         sweep_mod.Sweeper(_cfg(tmp_path, "executor.batch=processes"), Reporter())
+    r = hcp("sweep", "runner=bridge", f"gbs={USER_M}", "executor.batch=processes",
+            "cluster=local", "model=tiny", "cp=2", "seq=256", "executor=local",
+            f"results_dir={tmp_path / 'cli'}")
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1
+    assert r.stderr.startswith("hcp-tune: error: executor.batch=processes with runner=bridge")
 
 
 def test_plan_and_the_budget_count_both_runs(tmp_path):
@@ -251,3 +258,12 @@ def test_a_trial_stopped_early_in_its_first_run_keeps_its_steps_and_no_median(su
     from hcp_tune.engine.store import missing_layouts
 
     assert missing_layouts([row]) == []  # it lost: measured, not missing
+
+
+def test_a_two_stage_sweep_is_refused_before_its_attention_stage(tmp_path):
+    from hcp_tune.engine import twostage
+
+    cfg = _cfg(tmp_path, "runner=attention+bridge", "executor.batch=processes")
+    with pytest.raises(ConfigError, match="executor.batch=processes with runner=bridge"):
+        twostage.run(cfg, Reporter())
+    assert not (tmp_path / "res" / "jobs").exists()  # nothing was submitted
