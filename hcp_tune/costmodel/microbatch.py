@@ -17,10 +17,13 @@ so at ``m >= pp`` the measured peak memory is the full run's.
 Keys with different pp or dp are compared by tokens per second per GPU at the user's m
 (``tokens_per_gpu_s``): their step times are not for the same work or the same GPUs.
 What belongs here: the points to measure, the fit, the extrapolation, the ranking over
-recorded rows (plain dicts with ``a2a``, ``p2p``, ``median_s``, ``measured_micro_batches``).
+recorded rows (plain dicts with ``a2a``, ``p2p``, ``median_s``, ``measured_micro_batches`` and
+``point_medians_s``). The sweep measures the points and combines them into one row per
+trial (``engine/trials.combine``).
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
@@ -78,6 +81,33 @@ def _layout(row: dict[str, Any]) -> tuple[int, int, int, int, int]:
             int(row.get("dp") or 1))
 
 
+def _json_list(value: Any) -> list:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return []
+    if isinstance(value, (int, float)):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    try:
+        out = json.loads(value)
+    except (TypeError, ValueError):
+        return []
+    return out if isinstance(out, list) else [out]
+
+
+def row_points(row: dict[str, Any]) -> list[tuple[int, float]]:
+    """(m, median step seconds) a row measured: a sweep's row carries every point of its
+    trial (``measured_micro_batches`` with ``point_medians_s``); a row of one run (one m,
+    ``median_s`` measured there) gives that one point."""
+    ms = [int(m) for m in _json_list(row.get("measured_micro_batches"))]
+    medians = _json_list(row.get("point_medians_s"))
+    if len(ms) == len(medians) and ms:
+        return [(m, float(t)) for m, t in zip(ms, medians) if isinstance(t, (int, float))]
+    if len(ms) == 1 and isinstance(row.get("median_s"), (int, float)):
+        return [(ms[0], float(row["median_s"]))]
+    return []
+
+
 def layout_fits(rows: list[dict[str, Any]]) -> dict[tuple, StepFit]:
     """Per layout (a2a, p2p, tp, pp, dp), the fit through its ok rows' median step times at
     their measured micro-batch counts (the median over repeats at the same m)."""
@@ -85,10 +115,8 @@ def layout_fits(rows: list[dict[str, Any]]) -> dict[tuple, StepFit]:
     for r in rows:
         if r.get("status") != "ok" or r.get("median_s") is None:
             continue
-        m = r.get("measured_micro_batches")
-        if m is None or (isinstance(m, float) and math.isnan(m)):
-            continue
-        by.setdefault(_layout(r), {}).setdefault(int(m), []).append(float(r["median_s"]))
+        for m, t in row_points(r):
+            by.setdefault(_layout(r), {}).setdefault(m, []).append(t)
     out = {}
     for key, per_m in by.items():
         if len(per_m) >= 2:

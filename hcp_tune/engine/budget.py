@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from hcp_tune.costmodel.microbatch import measure_points
+
 # A job's own start-up, queue wait aside: the container, torch and Megatron-Core imports,
 # the world group. ~10-30 s measured on this project's CPU machine; a GPU node starting a
 # container takes longer, so the estimate takes the upper end. A batch of N trials pays it once.
@@ -28,6 +30,7 @@ class TrialCost:
     seconds: float
     ranks: int  # GPUs (on a CPU profile, processes)
     nodes: int
+    runs: int = 1  # runner=bridge: one Bridge run per measured micro-batch count
 
     @property
     def gpu_hours(self) -> float:
@@ -66,17 +69,34 @@ def job_slots(cfg: Any) -> int:
     return 1 if cfg.cluster.device == "cpu" else cfg.executor.array_parallelism
 
 
+def step_at_m(prediction: Any, m: int, user_m: int) -> float:
+    """The predicted step at ``m`` micro-batches from the prediction at ``user_m``: the
+    cost model's step is its bubble plus ``user_m`` equal micro-batch slots."""
+    bubble = getattr(prediction, "bubble_s", 0.0)
+    return bubble + (prediction.step_time_s - bubble) * m / max(1, user_m)
+
+
 def trial_cost(cfg: Any, cand: Any, prediction: Any, per_job: int = 1) -> TrialCost:
     """A trial of ``cand``: warm-up, measured and proof steps, plus its share of a job's
-    start-up (``per_job`` trials share one)."""
-    step = runner_step_s(cfg.runner.name, prediction, cfg.model.layers)
+    start-up (``per_job`` trials share one). runner=bridge measures a trial by one run per
+    ``costmodel.microbatch.measure_points`` (m = pp and 3*pp; fresh processes each, so each
+    pays the start-up), each step at its own m."""
     steps = cfg.runner.warmup_steps + cfg.runner.measure_steps + PROOF_STEPS
-    seconds = steps * step + JOB_START_S / max(1, per_job)
+    if cfg.runner.name == "bridge":
+        user_m = cfg.micro_batches
+        ms = measure_points(cand.pp, user_m)
+        seconds = sum(steps * step_at_m(prediction, m, user_m) for m in ms)
+        seconds += JOB_START_S * len(ms) / max(1, per_job)
+    else:
+        ms = (1,)
+        step = runner_step_s(cfg.runner.name, prediction, cfg.model.layers)
+        seconds = steps * step + JOB_START_S / max(1, per_job)
     # runner=bridge trains the whole world (tp*cp*dp*pp); the attention runner one stage
     ranks = cand.groups.world_size if cfg.runner.name == "bridge" else (
         cand.tp * cand.cp * cand.dp)
     per_node = cfg.cluster.gpus_per_node or ranks
-    return TrialCost(seconds=seconds, ranks=ranks, nodes=max(1, math.ceil(ranks / per_node)))
+    return TrialCost(seconds=seconds, ranks=ranks, nodes=max(1, math.ceil(ranks / per_node)),
+                     runs=len(ms))
 
 
 def costs_by_layout(cfg: Any, ordered: list[tuple[Any, Any]]) -> dict[tuple[int, int, int], TrialCost]:
@@ -98,10 +118,12 @@ class Estimate:
     seconds: float
     gpu_hours: float
     node_hours: float
+    runs: int = 0  # Bridge runs (several per trial: one per measured m); 0: one per trial
 
     def text(self, cpu: bool) -> str:
         unit = "rank-hours (CPU profile: processes)" if cpu else "GPU-hours"
-        return (f"estimate: {self.trials} trial(s), {self.node_hours:.3g} node-hours, "
+        runs = f" ({self.runs} runs)" if self.runs and self.runs != self.trials else ""
+        return (f"estimate: {self.trials} trial(s){runs}, {self.node_hours:.3g} node-hours, "
                 f"{self.gpu_hours:.3g} {unit} (cost model + runner steps + "
                 f"{JOB_START_S:.0f} s start-up per job; queue wait not included)")
 
@@ -109,4 +131,5 @@ class Estimate:
 def estimate(costs: list[TrialCost]) -> Estimate:
     return Estimate(trials=len(costs), seconds=sum(c.seconds for c in costs),
                     gpu_hours=sum(c.gpu_hours for c in costs),
-                    node_hours=sum(c.node_hours for c in costs))
+                    node_hours=sum(c.node_hours for c in costs),
+                    runs=sum(c.runs for c in costs))

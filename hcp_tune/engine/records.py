@@ -110,10 +110,18 @@ class TrialRow:
     log_path: str = ""
     # rank 0's seconds per phase (start, groups, proof, warmup, measure)
     phases_s: str = "{}"
-    # runner=bridge: the micro-batches per step the trial ran (the key's micro_batches is
-    # the user's m; costmodel.microbatch fits a layout's steps at two of these); None on
-    # the attention runner and on rows stored before
-    measured_micro_batches: Optional[int] = None
+    # runner=bridge: the micro-batch counts the trial ran, a JSON list ("[2, 6]": m = pp
+    # and 3*pp, costmodel.microbatch.measure_points; "[512]" when the user's m itself was
+    # measured); the key's micro_batches is the user's m. None on the attention runner and
+    # on rows stored before; a row stored with one integer reads as a list of it
+    measured_micro_batches: Optional[str] = None
+    point_medians_s: Optional[str] = None  # JSON list: the median step at each of those m
+    # the fit step = fixed_s + per_micro_batch_s * m through the points (None with one)
+    fixed_s: Optional[float] = None
+    per_micro_batch_s: Optional[float] = None
+    # the step at the user's m: the fit's value there, or the median measured at that m
+    # (median_s is the same number: what the study, the ranking and "vs best" read)
+    step_at_user_m_s: Optional[float] = None
     schema_version: int = ROW_SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -128,12 +136,25 @@ class TrialRow:
         _check_version(d, ROW_SCHEMA, "row", where)
         known, extra = _split(cls, d)
         known.update({k: key_field(known, k) for k in OLDER_ROW_DEFAULTS})
+        known["measured_micro_batches"] = measured_list_text(known.get("measured_micro_batches"))
         return cls(**{**known, "schema_version": ROW_SCHEMA}, extra=extra)
 
     @property
     def text(self) -> str:
         """The row as stored: one JSON object (the row file and the study hold the same)."""
         return row_text(self.to_dict())
+
+
+def measured_list_text(value: Any) -> Optional[str]:
+    """A row's ``measured_micro_batches`` as stored now (a JSON list), from what any version
+    stored: a list's text, one integer (rows of one measured m), or nothing (None, NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, (int, float)):
+        return json.dumps([int(value)])
+    if isinstance(value, (list, tuple)):
+        return json.dumps([int(v) for v in value])
+    return str(value)
 
 
 def row_text(row: dict[str, Any]) -> str:
@@ -176,6 +197,11 @@ class Recommendation:
     missing: str = ""  # "[2,2] cancelled; ..."
     # the layouts on the study's (step time, peak memory) Pareto front: "[1,4] [2,2]"
     pareto: str = ""
+    # runner=bridge: the best layout's tokens trained per second per GPU at the key's m
+    # (m*mbs*dp*seq / step / (tp*cp*dp*pp)): what compares keys of different tp, pp or dp,
+    # whose step times are not for the same work on the same GPUs; None for the attention
+    # runner (one layer's attention, not a training step)
+    tokens_per_gpu_s: Optional[float] = None
     schema_version: int = RECOMMENDATION_SCHEMA
 
     def to_dict(self) -> dict[str, Any]:

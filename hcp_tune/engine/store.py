@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from hcp_tune.costmodel.microbatch import tokens_per_gpu_s
 from hcp_tune.engine.records import (
     KEY_FIELDS,
     OLDER_ROW_DEFAULTS,
@@ -94,9 +95,23 @@ def key_rows(rows: list[dict[str, Any]], key: SweepKey) -> list[dict[str, Any]]:
     return [r for r in rows if key.holds(r)]
 
 
-def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any) -> dict[str, Any]:
+def single_run_fields(key: SweepKey, spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
+    """The micro-batch fields of a row measured by one run (``spec``): runner=bridge
+    measured at ``spec.micro_batches`` (at the user's m, its median is the step there);
+    the attention runner has none."""
+    if spec.runner != "bridge":
+        return {}
+    m = max(1, spec.micro_batches)
+    return {"measured_micro_batches": json.dumps([m]),
+            "point_medians_s": json.dumps([result.median_s]),
+            "step_at_user_m_s": result.median_s if m == key.micro_batches else None}
+
+
+def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, *,
+              micro: Optional[dict[str, Any]] = None, **extra: Any) -> dict[str, Any]:
     """One flat row (``records.TrialRow.to_dict``): the key, the layout, the status and
-    every measured statistic."""
+    every measured statistic. ``micro``: the micro-batch fields of a trial measured at
+    several m (``engine.trials.point_fields``); default those of one run of ``spec``."""
     return TrialRow(
         **{k: getattr(key, k) for k in KEY_FIELDS},
         trial_id=spec.trial_id,
@@ -124,7 +139,7 @@ def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, **extra: Any)
         job_id=result.job_id or "",
         log_path=result.log_path or "",
         phases_s=json.dumps(result.phases_s, sort_keys=True),
-        measured_micro_batches=max(1, spec.micro_batches) if spec.runner == "bridge" else None,
+        **(single_run_fields(key, spec, result) if micro is None else micro),
         extra=extra,
     ).to_dict()
 
@@ -332,8 +347,23 @@ def recommendations(rows: list[dict[str, Any]],
             incomplete=bool(missing_layouts(key_rows)),
             missing="; ".join(missing_layouts(key_rows)),
             pareto=(pareto or {}).get(SweepKey.of(dict(zip(KEY_FIELDS, key))).name, ""),
+            tokens_per_gpu_s=_tokens_per_gpu(dict(zip(KEY_FIELDS, key)), best["median_s"]),
         ).to_dict())
     return out
+
+
+def _count(v: Any) -> int:
+    return 0 if _nan(v) else int(v)
+
+
+def _tokens_per_gpu(key: dict[str, Any], step_s: float) -> Optional[float]:
+    """runner=bridge: tokens per second per GPU of a step of ``step_s`` at the key's m."""
+    if key["runner"] != "bridge" or not step_s:
+        return None
+    dp = int(key["dp"])
+    return tokens_per_gpu_s(step_s, m=int(key["micro_batches"]), mbs=int(key["mbs"]), dp=dp,
+                            seq=int(key["seq"]),
+                            world=int(key["tp"]) * int(key["cp"]) * dp * int(key["pp"]))
 
 
 def _why_not(r: dict[str, Any]) -> str:
@@ -345,10 +375,12 @@ def missing_layouts(key_rows: list[dict[str, Any]]) -> list[str]:
     """Layouts of a key tried without a valid measurement ("[2,2] cancelled"): the key's
     ranking is incomplete until they are measured. A layout pruned after some measured
     steps counts as measured (it lost); one pruned before any, or cancelled, skipped,
-    failed or invalid does not."""
+    failed or invalid does not. (A runner=bridge trial pruned at one of its m keeps its
+    steps but no median: its steps were not at the user's m.)"""
     measured = {(r["a2a"], r["p2p"]) for r in key_rows
                 if (r["status"] == "ok" and r.get("verified"))
-                or (r["status"] == "pruned" and not _nan(r.get("median_s")))}
+                or (r["status"] == "pruned" and (not _nan(r.get("median_s"))
+                                                 or _count(r.get("steps")) > 0))}
     why: dict[tuple[int, int], str] = {}
     for r in key_rows:
         k = (r["a2a"], r["p2p"])

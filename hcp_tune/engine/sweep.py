@@ -1,7 +1,9 @@
 """``sweep``: measure every kept layout of every sweep key and rank them.
 
 The loop: for each key (tp, seq) an optuna study (``tuner``) asks for layouts; each trial
-becomes a ``TrialSpec`` and a submitit job (``dispatch``); results come back as
+becomes a ``TrialSpec`` and a submitit job (``dispatch``; runner=bridge measures a trial by
+two runs, at m = pp and 3*pp micro-batches, in the same job, and combines them into one
+result at the user's m: ``trials.point_specs``, ``trials.combine``); results come back as
 ``TrialResult`` data, are stored the moment they arrive (``store``), told to the study,
 and shown live (``ui``). Up to ``array_parallelism`` trials run at once; the first batch
 goes out as one job array, later ones one by one as slots free up, so no batch waits for
@@ -20,17 +22,24 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.config import SweepConfig
+from hcp_tune.costmodel.microbatch import measure_points
 from hcp_tune.engine import budget, dispatch, sweep_plan
 from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
 from hcp_tune.engine.sweep_plan import SweepPlan, failure_label, kept_by_key, plan_sweep
 from hcp_tune.engine.trials import (
+    combine,
     failed_from_job,
     partial_result,
+    point_fields,
+    point_specs,
+    prune_reference,
     read_progress,
     read_result,
+    running_point,
     should_prune,
     spec_for,
 )
+from hcp_tune.errors import ConfigError
 
 # the jobs' payloads, both executors: on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.payload import batch_payload, steps_payload
@@ -53,7 +62,9 @@ def _count(counts: dict, key: Any, label: str) -> None:
 
 @dataclass
 class Member:
-    """One trial of a running batch job."""
+    """One trial of a running batch job: its spec (the key's m), and the runs that measure
+    it (``trials.point_specs``: runner=bridge runs each layout at two m, in order, in the
+    same job; any other trial is one run, its spec)."""
 
     key: SweepKey
     study: Any
@@ -63,6 +74,17 @@ class Member:
     kept: list[Candidate] = field(default_factory=list)
     done: bool = False  # its outcome is stored
     stopping: bool = False  # its stop file is written (early stop)
+    points: list[TrialSpec] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            self.points = point_specs(self.spec)
+
+    def results(self, by_id: Optional[dict[str, TrialResult]] = None
+                ) -> list[Optional[TrialResult]]:
+        """Each run's result so far (its file, or what the job returned), in run order."""
+        by_id = by_id or {}
+        return [read_result(p) or by_id.get(p.trial_id) for p in self.points]
 
 
 @dataclass
@@ -114,6 +136,22 @@ class SweepSummary:
         return total
 
 
+def runs_as_steps(cfg: SweepConfig) -> bool:
+    """``executor.batch``: whether a job runs each trial's runs as steps in fresh processes
+    (``auto``: for runner=bridge). Raises ``ConfigError`` for a runner=bridge sweep in one
+    process set whose trials are two Bridge runs (Bridge runs once per process set)."""
+    batch, runner = cfg.executor.batch, cfg.runner.name
+    steps = batch == "steps" or (batch == "auto" and runner == "bridge")
+    points = measure_points(cfg.pp, cfg.micro_batches)
+    if runner == "bridge" and not steps and len(points) > 1:
+        raise ConfigError(
+            f"executor.batch={batch} with runner=bridge: each layout is measured by "
+            f"{len(points)} Bridge runs (m={' and '.join(map(str, points))} micro-batches, "
+            "then ranked at the user's m), and Bridge runs one per process set; use "
+            "executor.batch=steps (or auto)")
+    return steps
+
+
 class Sweeper:
     """One sweep run: plans the work, keeps the slots full, stores every outcome."""
 
@@ -132,8 +170,7 @@ class Sweeper:
             cfg.executor, folder=cfg.executor.folder or str(cfg.results_dir / "jobs"))
         self.executor_name = dispatch.resolve_executor_name(self.exec_cfg.name)
         # executor.batch: a batch's trials in one process set, or each as its own step
-        batch = self.exec_cfg.batch
-        self.steps = batch == "steps" or (batch == "auto" and runner == "bridge")
+        self.steps = runs_as_steps(cfg)
         self.progress_dir = cfg.results_dir / "progress"
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         # CPU trials share this machine's cores: measured side by side they would rank the
@@ -244,7 +281,7 @@ class Sweeper:
                                     else None)
         if self.steps and self.executor_name == "slurm":  # one driver; it runs srun steps
             dispatch.use_steps(ex, self.exec_cfg)
-        if trials > 1:  # executor.time_limit_min is per trial: a batch gets one per trial
+        if trials > 1:  # executor.time_limit_min is per run: a batch gets one per run
             dispatch.scale_time_limit(ex, self.exec_cfg, trials)
         return ex
 
@@ -323,14 +360,15 @@ class Sweeper:
                 number, trial_id, a2a = work.study.ask(work.cand.layout.a2a, work.key.slug)
                 cand = next(c for c in work.kept if c.layout.a2a == a2a)
                 spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
-                for stale in (spec.result_path, spec.stop_path):
+                member = Member(work.key, work.study, number, spec, cand, work.kept)
+                for stale in (spec.stop_path, *(p.result_path for p in member.points)):
                     Path(stale).unlink(missing_ok=True)
-                members.append(Member(work.key, work.study, number, spec, cand, work.kept))
+                members.append(member)
             batches.append(members)
             free -= 1
         if not batches:
             return
-        specs = [[m.spec for m in b] for b in batches]
+        specs = [[p for m in b for p in m.points] for b in batches]  # every run, in order
         same_shape = len({(b[0].world_size, len(b)) for b in specs}) == 1
         if len(batches) > 1 and same_shape:
             ex = self._executor(specs[0][0], len(specs[0]))
@@ -349,12 +387,17 @@ class Sweeper:
                 self.reporter.trial(m.spec, "submitted", f"job {handle.job_id}")
 
     # ---------------------------------------------------------------- collection
-    def record(self, run: Running, member: Member, result: TrialResult) -> None:
+    def record(self, run: Running, member: Member, result: TrialResult,
+               results: Optional[list[Optional[TrialResult]]] = None) -> None:
+        """Store a trial's outcome; ``results``: its runs' (``Member.results``), whose m,
+        medians and fit the row carries when it has several."""
         member.done = True
         result.job_id = result.job_id or run.handle.job_id
         if not result.log_path:
             result.log_path = str(dispatch.job_paths(run.handle)[1])
-        row = trial_row(member.key, member.spec, result)
+        micro = point_fields(member.spec, member.points,
+                             results if results is not None else [None] * len(member.points))
+        row = trial_row(member.key, member.spec, result, micro=micro)
         self.store.add(row, member.key)  # the view first: a rebuild imports it if we die now
         values = (result.median_s, float(result.peak_mem_bytes or 0)) if result.median_s else None
         member.study.tell(member.number, result.status, values, row=row)
@@ -371,8 +414,11 @@ class Sweeper:
             self.queue.clear()
         if result.status is Status.PRUNED and not (result.error or "").startswith("cancelled"):
             self.summary.pruned += 1
+            ran = len(result.step_times_s)
+            if len(member.points) > 1:  # every run's measured steps (later runs: none)
+                ran = sum(len(r.step_times_s) for r in results or [] if r is not None)
             self.summary.pruned_saved_steps += max(
-                0, member.spec.measure_steps - len(result.step_times_s))
+                0, member.spec.measure_steps * len(member.points) - ran)
         s = result.status.value
         self.summary.by_status[s] = self.summary.by_status.get(s, 0) + 1
         label = failure_label(row)
@@ -395,15 +441,30 @@ class Sweeper:
         self.reporter.trial(member.spec, "requeued", "not run: its batch ended before it")
 
     def _collect_landed(self, run: Running, finished: bool) -> None:
-        """Results the job wrote so far. A FAILED one waits for the job's end, when the
-        peers' result files (a root cause, ``read_result``) are in."""
+        """Results the job wrote so far (a trial's once its runs decide it: ``combine``).
+        A FAILED one waits for the job's end, when the peers' result files (a root cause,
+        ``read_result``) are in. A run that did not end ok ends its trial: the stop file
+        keeps the trial's later runs from starting."""
         for m in run.open():
-            res = read_result(m.spec)
-            if res is None or res.status is Status.SKIPPED:
+            results = m.results()
+            self._stop_after_failed_run(m, results)
+            res = combine(m.spec, m.points, results)
+            if res is None:
                 continue  # not yet, or not run (decided when the job ends)
             if res.status is Status.FAILED and not finished:
                 continue
-            self.record(run, m, res)
+            self.record(run, m, res, results)
+
+    def _stop_after_failed_run(self, member: Member, results: list[Optional[TrialResult]]
+                               ) -> None:
+        if member.stopping or len(member.points) == 1 or results[-1] is not None:
+            return
+        for p, r in zip(member.points, results):
+            if r is not None and r.status not in (Status.OK, Status.SKIPPED):
+                member.stopping = True
+                atomic_write_text(member.spec.stop_path, (
+                    f"not run: the run at m={p.micro_batches} ended {r.status.value}"))
+                return
 
     def _finish(self, run: Running, out: dispatch.JobOutcome) -> None:
         """The job ended: store what it returned or wrote; the trial it was running when it
@@ -414,16 +475,17 @@ class Sweeper:
             returned = [returned]
         by_id = {r.trial_id: r for r in (returned or []) if isinstance(r, TrialResult)}
         for m in run.open():  # read_result merges a peer's root cause
-            res = read_result(m.spec) or by_id.get(m.spec.trial_id)
-            if res is not None and res.status is not Status.SKIPPED:
-                self.record(run, m, res)
+            results = m.results(by_id)
+            res = combine(m.spec, m.points, results)
+            if res is not None:
+                self.record(run, m, res, results)
         verdict: Optional[TrialResult] = None
         for m in run.open():
-            if read_result(m.spec) is not None or m.spec.trial_id in by_id:
+            if any(r is not None and r.status is Status.SKIPPED for r in m.results(by_id)):
                 self.requeue(m)  # SKIPPED by the job: an earlier trial broke the processes
             elif verdict is None or verdict.status is Status.CANCELLED:
                 verdict = failed_from_job(m.spec, out)
-                self.record(run, m, verdict)
+                self.record(run, m, verdict, m.results(by_id))
             else:
                 self.requeue(m)
 
@@ -451,16 +513,20 @@ class Sweeper:
         and goes on with the batch's next trial. True when the stop file was written."""
         if member.stopping:
             return False
-        steps = read_progress(member.spec.progress_path)
-        if len(steps) >= member.spec.measure_steps:
+        point = running_point(member.points, [read_result(p) for p in member.points])
+        steps = read_progress(point.progress_path)
+        if len(steps) >= point.measure_steps:
             return False  # measuring is over: stopping now saves nothing, the result is coming
-        if not should_prune(steps, self.best.get(member.key.name)):
+        # a Bridge run at m micro-batches is compared with the best layout's step at that m
+        m = point.micro_batches if point.runner == "bridge" else None
+        ref = prune_reference(self.best.get(member.key.name), m, member.key.micro_batches)
+        if not should_prune(steps, ref):
             return False
-        best = self.best[member.key.name]["median_s"]
+        at = f" at m={m}" if m is not None and len(member.points) > 1 else ""
         member.stopping = True
         atomic_write_text(member.spec.stop_path, (
-            f"stopped early: fastest of {len(steps)} steps {min(steps):.4g} s > best median "
-            f"{best:.4g} s beyond its noise"))
+            f"stopped early: fastest of {len(steps)} steps{at} {min(steps):.4g} s > best "
+            f"median {ref['median_s']:.4g} s beyond its noise"))
         return True
 
     def cancel_all(self) -> None:
@@ -473,8 +539,13 @@ class Sweeper:
         dispatch.cancel([r.handle for r in self.running])
         for run in self.running:
             for m in run.open():
-                steps = read_progress(m.spec.progress_path)
-                self.record(run, m, partial_result(m.spec, Status.CANCELLED, steps, reason))
+                results = m.results()
+                point = running_point(m.points, results)
+                steps = read_progress(point.progress_path)
+                res = partial_result(m.spec, Status.CANCELLED, steps, reason)
+                if len(m.points) > 1:
+                    res.median_s = None  # steps at a run's m, not at the user's
+                self.record(run, m, res, results)
         self.running = []
 
     # ---------------------------------------------------------------- the loop

@@ -18,6 +18,7 @@ from hcp_tune.config import SweepConfig
 from hcp_tune.config.settings import RETRY_CHOICES
 from hcp_tune.costmodel import predict
 from hcp_tune.costmodel.formulas import CostParams
+from hcp_tune.costmodel.microbatch import measure_points
 from hcp_tune.costmodel.memory import advice_line
 from hcp_tune.engine import budget
 from hcp_tune.engine.store import SweepKey
@@ -241,7 +242,8 @@ def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
     est = budget.estimate([costs[(p.cand.tp, p.cand.seq, p.cand.layout.a2a)] for p in queue])
     return SweepPlan(
         kept=kept, queue=queue, skipped=skipped, reattach=reattach, stored=stored,
-        resumed=resumed, retried=retried, kept_failures=kept_failures, notes=notes(cfg),
+        resumed=resumed, retried=retried, kept_failures=kept_failures,
+        notes=sweep_notes(cfg, costs),
         fit_advice=advice, costs=costs, estimate=est, cpu=cfg.cluster.device == "cpu",
         retry=str(s.retry))
 
@@ -256,10 +258,38 @@ def plan_rows(cfg: SweepConfig) -> dict[str, Any]:
         "model": cfg.model.name,
         "cp": cfg.cp,
         "pp": cfg.pp,
-        "notes": notes(cfg),
+        "notes": sweep_notes(cfg, budget.costs_by_layout(cfg, predict.ordering(cfg, cands))),
         "candidates": [plan_row(c) for c in cands],
         "estimate": sweep_estimate(cfg, cands),
+        "micro_batches": {"user": cfg.micro_batches,
+                          "measured": list(measure_points(cfg.pp, cfg.micro_batches))}
+        if cfg.runner.name == "bridge" else None,
     }
+
+
+def sweep_notes(cfg: SweepConfig, costs: dict[LayoutId, budget.TrialCost]) -> list[str]:
+    """The notes every command prints (``space.plan.notes``) and, for runner=bridge, the
+    micro-batch counts a trial runs and what one trial costs (estimated, every run)."""
+    out = notes(cfg)
+    if cfg.runner.name != "bridge":
+        return out
+    user_m, ms = cfg.micro_batches, measure_points(cfg.pp, cfg.micro_batches)
+    if len(ms) == 1:
+        line = (f"runner=bridge measures each layout at the user's m={user_m} micro-batches "
+                f"itself (m <= 3*pp={3 * cfg.pp}: nothing to extrapolate)")
+    else:
+        line = (f"runner=bridge measures each layout by {len(ms)} Bridge runs, at m="
+                f"{' and '.join(map(str, ms))} micro-batches (pp and 3*pp), fits step = a + b*m"
+                f" and ranks at the user's m={user_m}")
+    if costs:
+        secs = sorted(c.seconds for c in costs.values())
+        c = max(costs.values(), key=lambda c: c.ranks)
+        span = f"{secs[0]:.0f} s" if round(secs[0]) == round(secs[-1]) else (
+            f"{secs[0]:.0f}-{secs[-1]:.0f} s")
+        what = "processes" if cfg.cluster.device == "cpu" else "GPUs"
+        line += (f"; one trial ({c.runs} run{'s' if c.runs > 1 else ''}) holds {c.ranks} "
+                 f"{what} on {c.nodes} node(s) for about {span} (estimate)")
+    return [*out, line]
 
 
 def sweep_estimate(cfg: SweepConfig, cands: list[Candidate]) -> dict[str, Any]:

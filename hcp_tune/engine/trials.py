@@ -1,19 +1,25 @@
 """One trial as the orchestrator sees it: the ``TrialSpec`` built for a kept layout
 (``spec_for``), the result read back from its files (``read_result``: rank 0's, a peer's
 root cause merged in), its live progress (``read_progress``), the early-stopping rule
-(``should_prune``) and the result of a trial whose job ended without one
-(``failed_from_job``, ``partial_result``). ``sweep.Sweeper`` and ``launch`` use them; no
-optuna, no loop.
+(``should_prune``, with ``prune_reference`` for a run at another m than the best's median)
+and the result of a trial whose job ended without one (``failed_from_job``,
+``partial_result``). A runner=bridge trial is measured by two runs at m = pp and 3*pp
+micro-batches (``point_specs``), whose results become the trial's one result at the
+user's m (``combine``) and its row's micro-batch fields (``point_fields``).
+``sweep.Sweeper`` and ``launch`` use them; no optuna, no loop.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.config import SweepConfig
+from hcp_tune.costmodel.microbatch import fit_step, measure_points, row_points
 from hcp_tune.engine import dispatch
+from hcp_tune.engine.records import Verification
 from hcp_tune.errors import ConfigError
 from hcp_tune.merge import merge_root_cause
 from hcp_tune.noise import row_noise
@@ -66,6 +72,33 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
     )
 
 
+def point_specs(spec: TrialSpec) -> list[TrialSpec]:
+    """The runs one trial is measured by. runner=bridge with more micro-batches than it
+    needs to extrapolate: one run per point of ``costmodel.microbatch.measure_points``
+    (m = pp and 3*pp), each its own Bridge run with its id (``<trial>-m<m>``), result,
+    progress file and micro-batch count, all stopped by the trial's one stop file; any
+    other trial (the attention runner, or a Bridge trial at a small m): itself."""
+    if spec.runner != "bridge":
+        return [spec]
+    ms = measure_points(spec.pp, max(1, spec.micro_batches))
+    if len(ms) == 1:  # the user's m itself (measure_points): measured as it is
+        return [spec]
+    out = []
+    for m in ms:
+        tid = f"{spec.trial_id}-m{m}"
+        out.append(dataclasses.replace(
+            spec, trial_id=tid, micro_batches=m,
+            progress_path=_beside(spec.progress_path, spec.trial_id, tid),
+            result_path=_beside(spec.result_path, spec.trial_id, tid)))
+    return out
+
+
+def _beside(path: Optional[str], old: str, new: str) -> Optional[str]:
+    if not path:
+        return path
+    p = Path(path)
+    return str(p.with_name(p.name.replace(old, new, 1)))
+
 
 def _fault(seq: int) -> Optional[str]:
     try:
@@ -84,6 +117,128 @@ def read_result(spec: TrialSpec) -> Optional[TrialResult]:
     except (OSError, ValueError):
         return None  # not written yet (the write itself is atomic)
     return merge_root_cause(res, Path(spec.result_path), spec.world_size)
+
+
+def combine(spec: TrialSpec, points: list[TrialSpec],
+            results: list[Optional[TrialResult]]) -> Optional[TrialResult]:
+    """The trial's result from its runs' (``point_specs``, in order), or None while it is
+    undecided (a run without a result yet, or one its job did not run: ``skipped``).
+
+    One run: its result, as it is. Several: the first run that did not end ok decides
+    (its status, class and steps; its error says at which m; no median, as its steps are
+    not at the user's m), so a trial is ok only when every run is. All ok: the step at the
+    user's m from the fit ``step = a + b*m`` through the runs' medians
+    (``costmodel.microbatch.fit_step``) is the trial's median; a fit whose step does not
+    grow with m is ``invalid``; its step
+    times are the largest m's, scaled to that step (so p10/p90 keep the measured relative
+    spread); peak memory is the largest over the runs (at m >= pp, 1F1B's min(pp, m)
+    micro-batches in flight make it the full run's); wall and phase seconds add up."""
+    if len(points) == 1:
+        res = results[0]
+        return None if res is None or res.status is Status.SKIPPED else res
+    for point, res in zip(points, results):
+        if res is None or res.status is Status.SKIPPED:
+            return None
+        if res.status is not Status.OK:
+            # its steps are kept; no median: a step at m=pp is not one at the user's m
+            return dataclasses.replace(
+                res, trial_id=spec.trial_id, world_size=spec.world_size, median_s=None,
+                p10_s=None, p90_s=None,
+                error=f"at m={point.micro_batches}: {res.error or res.status.value}")
+    done = [r for r in results if r is not None]
+    if any(r.median_s is None for r in done):
+        return TrialResult(trial_id=spec.trial_id, status=Status.FAILED,
+                           failure_class=FailureClass.UNKNOWN, world_size=spec.world_size,
+                           error="a run ended ok without a median step time")
+    fit = fit_step((p.micro_batches, r.median_s) for p, r in zip(points, done))
+    user_m = max(1, spec.micro_batches)
+    top, top_m = done[-1], points[-1].micro_batches
+    ms = ", ".join(str(p.micro_batches) for p in points)
+    if fit.per_micro_batch_s <= 0:
+        return TrialResult(
+            trial_id=spec.trial_id, status=Status.INVALID, world_size=spec.world_size,
+            verification=top.verification, fingerprint=top.fingerprint,
+            error=(f"the step did not grow with the micro-batches (m={ms}: "
+                   + ", ".join(f"{r.median_s:.4g} s" for r in done)
+                   + "): step = a + b*m cannot be fitted; measure again"))
+    step = fit.step_s(user_m)
+    scale = step / top.median_s
+    mems = [r.peak_mem_bytes for r in done if r.peak_mem_bytes is not None]
+    phases: dict[str, float] = {}
+    for r in done:
+        for k, v in r.phases_s.items():
+            phases[k] = phases.get(k, 0.0) + v
+    unproven = [r.verification for r in done if not Verification.from_dict(r.verification).verified]
+    flops = top.flops_per_gpu_step / top_m * user_m if top.flops_per_gpu_step else None
+    notes = list(dict.fromkeys(n for r in done for n in r.notes))
+    notes.append(f"measured at m={ms} micro-batches; the step at the user's m={user_m} is "
+                 f"the fit {fit.fixed_s:.4g} s + {fit.per_micro_batch_s:.4g} s * m")
+    return TrialResult(
+        trial_id=spec.trial_id, status=Status.OK, world_size=spec.world_size,
+        step_times_s=[t * scale for t in top.step_times_s], median_s=step,
+        p10_s=top.p10_s * scale if top.p10_s is not None else None,
+        p90_s=top.p90_s * scale if top.p90_s is not None else None,
+        peak_mem_bytes=max(mems) if mems else None,
+        mem_note=(f"{top.mem_note}; the largest over m={ms}" if top.mem_note and mems
+                  else top.mem_note),
+        flops_per_gpu_step=flops,
+        tflops_per_gpu=flops / step / 1e12 if flops else top.tflops_per_gpu,
+        verification=unproven[0] if unproven else top.verification,
+        fingerprint=top.fingerprint, backend=top.backend, te_backend=top.te_backend,
+        qkv_format=top.qkv_format, notes=notes, resources=top.resources,
+        log_path=top.log_path, job_id=top.job_id,
+        wall_s=sum(r.wall_s for r in done if r.wall_s is not None) or None, phases_s=phases)
+
+
+def point_fields(spec: TrialSpec, points: list[TrialSpec],
+                 results: list[Optional[TrialResult]]) -> Optional[dict[str, Any]]:
+    """A row's micro-batch fields (``records.TrialRow``) for a trial measured by several
+    runs: the m of each run that has a result, their medians, and (every run ok) the fit
+    and the step at the user's m. None for a trial of one run (``store.trial_row`` fills
+    them from its spec)."""
+    if len(points) == 1:
+        return None
+    ran = [(p.micro_batches, r) for p, r in zip(points, results)
+           if r is not None and r.status is not Status.SKIPPED]
+    out: dict[str, Any] = {"measured_micro_batches": json.dumps([m for m, _ in ran]),
+                           "point_medians_s": json.dumps([r.median_s for _, r in ran])}
+    if len(ran) == len(points) and all(r.status is Status.OK and r.median_s for _, r in ran):
+        fit = fit_step((m, r.median_s) for m, r in ran)
+        out.update(fixed_s=fit.fixed_s, per_micro_batch_s=fit.per_micro_batch_s,
+                   step_at_user_m_s=fit.step_s(max(1, spec.micro_batches)))
+    return out
+
+
+def running_point(points: list[TrialSpec], results: list[Optional[TrialResult]]) -> TrialSpec:
+    """The run of a trial measuring now (the first without a result; the last when all
+    have one)."""
+    return next((p for p, r in zip(points, results) if r is None), points[-1])
+
+
+def prune_reference(best: Optional[dict[str, Any]], m: Optional[int],
+                    user_m: Optional[int] = None) -> Optional[dict[str, Any]]:
+    """What a run at ``m`` micro-batches is compared with for early stopping: the best
+    row's median at that m (``point_medians_s``; the row itself when its median is the
+    step at that m), with the best's relative p10-p90 band; the best row as it is for the
+    attention runner (``m`` None) and for a row stored without its m, run at the key's
+    (``user_m``); None when the best has no step at that m (a run at m = pp is never
+    compared with a step at the user's m)."""
+    if best is None or m is None:
+        return best
+    at = dict(row_points(best))
+    if not at:
+        return best if m == user_m else None
+    if m not in at:
+        return None
+    median = best.get("median_s")
+    if median == at[m]:
+        return best
+    ref: dict[str, Any] = {"median_s": at[m]}
+    if isinstance(median, (int, float)) and median > 0:
+        for k in ("p10_s", "p90_s"):
+            if isinstance(best.get(k), (int, float)):
+                ref[k] = best[k] / median * at[m]
+    return ref
 
 
 def read_progress(path: Optional[str]) -> list[float]:

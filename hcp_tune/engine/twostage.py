@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from hcp_tune.config import SweepConfig
 from hcp_tune.engine import store as store_mod
 from hcp_tune.engine import sweep_plan
-from hcp_tune.engine.sweep import Sweeper, SweepSummary
+from hcp_tune.engine.sweep import Sweeper, SweepSummary, runs_as_steps
 from hcp_tune.engine.sweep_plan import SweepPlan
 from hcp_tune.spec import atomic_write_text
 
@@ -95,6 +95,7 @@ def run(cfg: SweepConfig, reporter: Any, *,
     """Both stages; the summary's recommendations are Bridge's, each with ``matched``.
     ``on_plan`` sees the attention stage's plan before anything is submitted; ``on_table``
     the two stages' winners per key once ``two_stage.csv`` is written (the CLI prints them)."""
+    runs_as_steps(stage_config(cfg, "bridge"))  # refused before the first stage, not after
     stage = Sweeper(stage_config(cfg, "attention"), reporter)
     plan = stage.plan()
     if on_plan is not None:

@@ -295,6 +295,10 @@ def _fmt(v: Any, spec: str = ".4g") -> str:
     return format(v, spec)
 
 
+def _known(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and v != v)
+
+
 def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
     """The ranked keys: one table of TABLE_WIDTH columns per (cluster, model, env_tag),
     named on the line above it (a sweep has one); every column is in recommendations.csv."""
@@ -308,8 +312,10 @@ def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
     for (cluster, model, env_tag), rows in groups.items():
         out.print(escape(f"cluster={cluster} model={model} env_tag={env_tag}"))
         table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+        # runner=bridge keys: tokens/s per GPU at the key's m compares keys of other tp/pp/dp
+        tokens = any(_known(r.get("tokens_per_gpu_s")) for r in rows)
         for col in ("tp", "cp", "seq", "best", "median", "GiB", "runner-up", "margin", "tie",
-                    "vs p2p", "vs a2a", "trials"):
+                    "vs p2p", "vs a2a", *(("tok/s/GPU",) if tokens else ()), "trials"):
             table.add_column(escape(col), overflow="fold",
                              justify="left" if col in ("best", "runner-up", "tie") else "right")
         for r in rows:
@@ -320,7 +326,8 @@ def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
                 _fmt(mem / 2**30 if mem and mem == mem else None, ".2f"),
                 escape(str(r.get("runner_up") or "-")), _fmt(r.get("margin"), ".1%"),
                 "tie" if r.get("tie") else "", _fmt(r.get("speedup_vs_p2p"), ".2f"),
-                _fmt(r.get("speedup_vs_a2a"), ".2f"), str(r["trials"]),
+                _fmt(r.get("speedup_vs_a2a"), ".2f"),
+                *((_fmt(r.get("tokens_per_gpu_s"), ".0f"),) if tokens else ()), str(r["trials"]),
             )
         out.print(table, width=TABLE_WIDTH)
 

@@ -2,6 +2,8 @@
 at the user's m, on rows written and read back through the results store."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import store
 
@@ -11,6 +13,7 @@ from hcp_tune.costmodel.microbatch import (
     rank_at,
     tokens_per_gpu_s,
 )
+from hcp_tune.engine.records import TrialRow
 from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
 from hcp_tune.spec import Status, TrialResult, TrialSpec
 
@@ -28,7 +31,7 @@ def bridge_row(a2a: int, p2p: int, m: int, step_s: float, *, pp: int = PP, n: li
                       step_times_s=[step_s] * 3, verification={"cp_active": {
                           "checked": True, "problems": []}})
     row = trial_row(key, spec, res)
-    assert row["measured_micro_batches"] == m  # what the trial ran, from its spec
+    assert row["measured_micro_batches"] == json.dumps([m])  # what the run ran, from its spec
     return row
 
 
@@ -56,7 +59,7 @@ def test_the_ranking_at_the_users_m_can_reverse_the_short_runs(tmp_path):
     rows = [bridge_row(1, 8, 2, 1.0 + 0.10 * 2), bridge_row(1, 8, 6, 1.0 + 0.10 * 6),
             bridge_row(2, 4, 2, 0.2 + 0.12 * 2), bridge_row(2, 4, 6, 0.2 + 0.12 * 6)]
     stored = ResultStore(store(tmp_path / "res", rows)).rows()  # as written and read back
-    short = sorted((r for r in stored if r["measured_micro_batches"] == PP),
+    short = sorted((r for r in stored if r["measured_micro_batches"] == f"[{PP}]"),
                    key=lambda r: r["median_s"])
     assert (short[0]["a2a"], short[0]["p2p"]) == (2, 4)
     ranked = rank_at(stored, USER_M, seq=131072)
@@ -81,3 +84,25 @@ def test_keys_with_different_pp_compare_by_tokens_per_gpu(tmp_path):
 
 def test_a_layout_measured_at_one_m_is_not_ranked():
     assert rank_at([bridge_row(1, 8, 2, 1.2)], USER_M) == []
+
+
+def test_a_row_stored_with_one_integer_m_reads_as_a_list_of_it():
+    row = bridge_row(1, 8, 2, 1.2)
+    older = {**row, "measured_micro_batches": 2}
+    del older["point_medians_s"]
+    assert TrialRow.from_dict(older).measured_micro_batches == "[2]"
+    assert rank_at([TrialRow.from_dict(older).to_dict(), bridge_row(1, 8, 6, 1.6)],
+                   USER_M)[0]["step_at_user_m_s"] == pytest.approx(52.2)
+
+
+def test_a_sweep_row_carries_both_points_and_ranks_on_its_own(tmp_path):
+    """The sweep's row of a runner=bridge trial (both runs combined, engine/trials.combine)
+    holds both m and their medians: one row is enough to fit and rank its layout."""
+    fields = {"measured_micro_batches": "[2, 6]", "point_medians_s": "[1.2, 1.6]"}
+    rows = [{**bridge_row(1, 8, USER_M, 52.2), **fields, "trial_id": "x-t1"},
+            {**bridge_row(2, 4, USER_M, 61.64), "measured_micro_batches": "[2, 6]",
+             "point_medians_s": "[0.44, 0.92]", "trial_id": "x-t2"}]
+    ranked = rank_at(ResultStore(store(tmp_path / "res", rows)).rows(), USER_M, seq=131072)
+    assert [(r["a2a"], r["p2p"]) for r in ranked] == [(1, 8), (2, 4)]
+    assert ranked[0]["fit"]["points"] == [[2, 1.2], [6, 1.6]]
+    assert ranked[1]["step_at_user_m_s"] == pytest.approx(61.64)

@@ -83,8 +83,10 @@ def test_a_trial_that_measured_all_its_steps_is_never_pruned(tmp_path):
 
     progress = tmp_path / "t.jsonl"
     progress.write_text("".join(f'{{"step": {i}, "time_s": 2.0}}\n' for i in range(3)))
-    run = SimpleNamespace(spec=SimpleNamespace(progress_path=str(progress), measure_steps=3),
-                          key=SimpleNamespace(name="k"), stopping=False)
+    spec = SimpleNamespace(progress_path=str(progress), measure_steps=3, result_path=None,
+                           runner="attention")
+    run = SimpleNamespace(spec=spec, points=[spec], key=SimpleNamespace(name="k"),
+                          stopping=False)
     me = SimpleNamespace(best={"k": BEST})
     assert Sweeper._prune(me, run) is False  # 3 of 3 steps done: its result is on its way
 
