@@ -119,7 +119,6 @@ class Sweeper:
 
     def __init__(self, cfg: SweepConfig, reporter: Any, *,
                  only: Optional[dict[tuple[int, int], set[int]]] = None) -> None:
-        from hcp_tune.engine import tuner
 
         runner = cfg.runner.name
         if runner not in ("attention", "bridge"):
@@ -140,8 +139,9 @@ class Sweeper:
         # contention, not the layouts. GPU trials get their own nodes and run in parallel.
         self.slots = budget.job_slots(cfg)
         self.early_stop = cfg.search.early_stop
-        storage = cfg.search.storage or str(cfg.results_dir / "optuna.journal")
-        self.storage = tuner.open_storage(storage)
+        # search.storage: one storage for every key; by default one journal per key under
+        # results/journals/, each replayed only when its key is planned or swept
+        self.storage = self.store.ledger(cfg.search.storage)
         self.only = only  # (tp, seq) -> the a2a sizes to measure; None: every kept layout
         self.planned: Optional[SweepPlan] = None  # set by plan()
         self.studies: dict[SweepKey, Any] = {}  # one tuner.LayoutStudy per key

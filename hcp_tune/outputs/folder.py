@@ -1,8 +1,8 @@
 """``results``: what a results folder holds, per env tag: its keys, stored trials and bytes.
 
 Read from the row folders alone (``ResultStore.folder_keys``: one row per key folder names
-its key; a folder's files are its trials), never the optuna journal, whose replay grows with
-every trial ever stored: the answer costs a directory listing, not the folder's history.
+its key; a folder's files are its trials), never the optuna journals, whose replay grows
+with every trial stored: the answer costs a directory listing, not the folder's history.
 No torch, no pandas.
 """
 from __future__ import annotations
@@ -46,10 +46,11 @@ def summarize(results_dir: Path) -> dict:
         s.clusters = sorted({*s.clusters, str(key.cluster)})
         s.models = sorted({*s.models, str(key.model)})
     total = sum(p.stat().st_size for p in results_dir.rglob("*") if p.is_file())
-    journal = results_dir / "optuna.journal"
+    # the ledger: one journal per key (journals/), or an older folder's single journal
+    journals = [*(results_dir / "journals").glob("*.journal"), results_dir / "optuna.journal"]
     return {"results_dir": str(results_dir),
             "tags": [asdict(tags[t]) for t in sorted(tags)],
-            "journal_bytes": journal.stat().st_size if journal.is_file() else 0,
+            "journal_bytes": sum(p.stat().st_size for p in journals if p.is_file()),
             "other_bytes": total - row_bytes, "total_bytes": total}
 
 
