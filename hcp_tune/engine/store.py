@@ -1,4 +1,4 @@
-"""Measurements and recommendations under ``results/``: the one module that imports pandas.
+"""Measurements and recommendations under ``results/``: rows, the ledger, the tables.
 
 Layout of a results folder:
 
@@ -438,17 +438,36 @@ class ResultStore:
         """recommendations.csv as dicts (``records.Recommendation``: a table of an older
         version reads with defaults, one of a newer version raises ``ResultsTooNew``)."""
         path = self.root / "recommendations.csv"
-        if not path.exists():
-            return []
-        import pandas as pd
-
         try:
-            frame = pd.read_csv(path, dtype={k: str for k in ("cluster", "model", "runner",
-                                                               "env_tag", "pareto")})
-        except pd.errors.EmptyDataError:  # written by an older version with nothing ranked
+            with open(path, newline="") as handle:
+                recs = [{k: _read_cell(k, v) for k, v in r.items()}
+                        for r in csv.DictReader(handle)]
+        except FileNotFoundError:
             return []
-        recs = json.loads(frame.to_json(orient="records"))
         return [Recommendation.from_dict(r, where=str(path)).to_dict() for r in recs]
+
+
+_TEXT_CELLS = frozenset({"cluster", "model", "runner", "env_tag", "comm_type", "runner_up",
+                         "missing", "pareto"})
+
+
+def _read_cell(column: str, cell: Optional[str]) -> Any:
+    """A table cell as the value it was written from (``csv_cell``): empty is None; text
+    columns stay text; True/False, integers and floats (``1073741824.0``, as an older
+    table's pandas wrote it, reads as a float) are parsed. The csv module, not pandas:
+    ``recommend`` reads this one file, and importing pandas was most of its second."""
+    if cell is None or cell == "":
+        return None
+    if column in _TEXT_CELLS:
+        return cell
+    if cell in ("True", "False"):
+        return cell == "True"
+    for kind in (int, float):
+        try:
+            return kind(cell)
+        except ValueError:
+            pass
+    return cell
 
 
 LEGACY_JOURNAL = "optuna.journal"  # the single journal of folders written before issue 20
