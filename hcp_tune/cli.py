@@ -46,6 +46,7 @@ commands:
             e.g. report results_dir=results env_tag=te-2.9
   results   what a results folder holds: per env tag its keys, trials and size
             e.g. results results_dir=results [format=json]
+            results drop|archive env_tag=TAG [results_dir=results]: remove a tag
 
 overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] cluster=dgx-h200
 model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true

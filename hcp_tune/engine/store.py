@@ -31,6 +31,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ from hcp_tune.engine.records import (
     name_slug,
     row_text,
 )
+from hcp_tune.errors import HcpError
 from hcp_tune.noise import row_noise
 from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
 
@@ -290,32 +292,37 @@ class ResultStore:
 
         storage = self.ledger(storage or self.storage)
         with self._lock():
-            ledger = tuner.Ledger(storage)
-            partitioned = isinstance(ledger.storage, tuner.Journals)
-            index = None if everything or not partitioned else self._read_index()
-            slugs = self._slugs(ledger) if partitioned else None
-            if index is None:
-                dirty = set(slugs) if slugs is not None else None
-                keep: dict[str, dict[str, Any]] = {}
-            else:
-                dirty = {s for s, st in slugs.items()
-                         if index["slugs"].get(s, {}).get("stat") != st}
-                keep = {s: e for s, e in index["slugs"].items() if s in slugs and s not in dirty}
-            derived = self._derive(ledger, dirty)
-            for s, e in derived.items():  # what it was derived from, read before: a trial
-                e["stat"] = (slugs or {}).get(s)  # appended meanwhile marks it changed
-            entries = {**keep, **derived}
-            extras = list(dict.fromkeys(x for s in sorted(entries) for x in entries[s]["extras"]))
-            if index is not None and extras != index["extras"]:
-                # a new (or gone) extra column changes every row's line: derive every key
-                index, derived = None, self._derive(ledger, set(slugs))
-                for s, e in derived.items():
-                    e["stat"] = slugs.get(s)
-                entries = derived
-                extras = list(dict.fromkeys(x for s in sorted(entries)
-                                            for x in entries[s]["extras"]))
-            self._write_tables(entries, index, extras, derived)
+            self._rebuild_locked(tuner.Ledger(storage), everything)
         return self.root / "trials.csv", self.root / "recommendations.csv"
+
+    def _rebuild_locked(self, ledger: Any, everything: bool) -> None:
+        """``rebuild``'s work; the caller holds the lock."""
+        from hcp_tune.engine import tuner
+
+        partitioned = isinstance(ledger.storage, tuner.Journals)
+        index = None if everything or not partitioned else self._read_index()
+        slugs = self._slugs(ledger) if partitioned else None
+        if index is None:
+            dirty = set(slugs) if slugs is not None else None
+            keep: dict[str, dict[str, Any]] = {}
+        else:
+            dirty = {s for s, st in slugs.items()
+                     if index["slugs"].get(s, {}).get("stat") != st}
+            keep = {s: e for s, e in index["slugs"].items() if s in slugs and s not in dirty}
+        derived = self._derive(ledger, dirty)
+        for s, e in derived.items():  # what it was derived from, read before: a trial
+            e["stat"] = (slugs or {}).get(s)  # appended meanwhile marks it changed
+        entries = {**keep, **derived}
+        extras = list(dict.fromkeys(x for s in sorted(entries) for x in entries[s]["extras"]))
+        if index is not None and extras != index["extras"]:
+            # a new (or gone) extra column changes every row's line: derive every key
+            index, derived = None, self._derive(ledger, set(slugs))
+            for s, e in derived.items():
+                e["stat"] = slugs.get(s)
+            entries = derived
+            extras = list(dict.fromkeys(x for s in sorted(entries)
+                                        for x in entries[s]["extras"]))
+        self._write_tables(entries, index, extras, derived)
 
     def _slugs(self, ledger: Any) -> dict[str, list[int]]:
         """Each key folder (by slug) with a journal or a row folder, and what says it
@@ -434,6 +441,98 @@ class ResultStore:
                       "recommendations.csv": r_path.stat().st_size},
             "slugs": entries}, separators=(",", ":")))
 
+    # ---------------------------------------------------------------- housekeeping
+    def mark_sweep(self) -> Path:
+        """Say a sweep runs on this folder (``sweeps/<host>-<pid>-<n>.running``, written
+        under the lock, so housekeeping that holds the lock either sees it or finishes
+        first); the sweep removes it when it ends (``unmark_sweep``)."""
+        with self._lock():
+            folder = self.root / SWEEPS
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, path = tempfile.mkstemp(dir=folder, prefix=f"{socket.gethostname()}-"
+                                        f"{os.getpid()}-", suffix=".running")
+            with os.fdopen(fd, "w") as handle:
+                json.dump({"host": socket.gethostname(), "pid": os.getpid(),
+                           "argv": sys.argv}, handle)
+        return Path(path)
+
+    @staticmethod
+    def unmark_sweep(marker: Optional[Path]) -> None:
+        if marker is not None:
+            marker.unlink(missing_ok=True)
+
+    def running_sweeps(self) -> list[str]:
+        """The sweeps that may be running on this folder: every marker but those of this
+        host whose process is gone (a sweep killed with SIGKILL; those are removed). A
+        marker from another host cannot be checked from here: it counts as running."""
+        out = []
+        for path in sorted((self.root / SWEEPS).glob("*.running")):
+            try:
+                mark = json.loads(path.read_text())
+                host, pid = str(mark["host"]), int(mark["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                out.append(f"{path} (unreadable)")
+                continue
+            if host == socket.gethostname() and not _alive(pid):
+                path.unlink(missing_ok=True)
+                continue
+            out.append(f"{path} (pid {pid} on {host})")
+        return out
+
+    def take_tag(self, env_tag: str, archive: bool) -> tuple[int, int, Optional[Path]]:
+        """Remove an env tag's keys from the folder: their row folders and journals, then
+        their lines of the tables. ``archive``: moved to ``archive/<env_tag>/`` (itself a
+        results folder: ``report results_dir=<it>`` reads it), else deleted. Under the
+        lock; refused (``HousekeepingError``) while a sweep runs on the folder or when the
+        folder holds no such tag. The keys are first moved aside in one folder and the
+        tables rewritten without them; a command killed part way leaves that folder
+        (``.taking-*``) for a person to look at, never a half-dropped key.
+        Returns (keys, row files, where archived)."""
+        from hcp_tune.engine import tuner
+
+        storage = self.ledger()
+        if not isinstance(storage, tuner.Journals):  # (ledger() without a storage: never)
+            raise HousekeepingError("this folder's ledger is not journals/")
+        target = self.root / ARCHIVE / env_tag if archive else None
+        with self._lock():
+            busy = self.running_sweeps()
+            if busy:
+                raise HousekeepingError(
+                    f"{self.root}: a sweep is running on this folder ({busy[0]}"
+                    f"{f' and {len(busy) - 1} more' if len(busy) > 1 else ''}): wait for it to "
+                    "end (a marker left by a sweep that died on another host: delete it)")
+            keys = self.folder_keys()
+            slugs = {s for s, k in keys.items() if str(k.env_tag) == env_tag}
+            slugs |= {s for s in storage.slugs()
+                      if _tag_of(storage.name_at(s)) == env_tag}
+            if not slugs:
+                tags = sorted({str(k.env_tag) for k in keys.values()})
+                raise HousekeepingError(
+                    f"env_tag={env_tag}: no such tag in {self.root}; it holds "
+                    f"{', '.join(tags) if tags else 'no trials'}")
+            if target is not None and target.exists():
+                raise HousekeepingError(f"{target} exists: that tag was archived before; "
+                                        "move that folder away first")
+            aside = Path(tempfile.mkdtemp(dir=self.root, prefix=".taking-"))
+            (aside / "rows").mkdir()
+            (aside / JOURNALS).mkdir()
+            files = 0
+            for slug in sorted(slugs):
+                rows = self.root / "rows" / slug
+                if rows.is_dir():
+                    files += sum(1 for _ in rows.glob("*.json"))
+                    os.rename(rows, aside / "rows" / slug)
+                journal = storage.folder / f"{slug}.journal"
+                if journal.exists():
+                    os.rename(journal, aside / JOURNALS / journal.name)
+            self._rebuild_locked(tuner.Ledger(tuner.Journals(storage.folder)), False)
+            if target is not None:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(aside, target)
+            else:
+                shutil.rmtree(aside)
+        return len(slugs), files, target
+
     def recommendations(self) -> list[dict[str, Any]]:
         """recommendations.csv as dicts (``records.Recommendation``: a table of an older
         version reads with defaults, one of a newer version raises ``ResultsTooNew``)."""
@@ -474,6 +573,31 @@ LEGACY_JOURNAL = "optuna.journal"  # the single journal of folders written befor
 JOURNALS = "journals"  # one journal per sweep key: journals/<slug>.journal
 TABLES_INDEX = ".tables.json"  # where each key's lines lie in the tables (a cache)
 TABLES_INDEX_VERSION = 1
+SWEEPS = "sweeps"  # sweeps/<host>-<pid>-<n>.running: a sweep is running on the folder
+ARCHIVE = "archive"  # archive/<env_tag>/: a tag's keys that ``results archive`` moved
+
+
+class HousekeepingError(HcpError):
+    """``results drop`` / ``results archive`` cannot do what was asked (bad input, a
+    sweep running): one line for the user."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tag_of(study_name: Optional[str]) -> Optional[str]:
+    """The env tag in a study's name (``SweepKey.name``: ``field=value|...``)."""
+    if not study_name:
+        return None
+    fields = dict(part.partition("=")[::2] for part in study_name.split("|"))
+    return fields.get("env_tag")
 
 
 def csv_cell(v: Any) -> Any:

@@ -144,6 +144,7 @@ class Sweeper:
         self.storage = self.store.ledger(cfg.search.storage)
         self.only = only  # (tp, seq) -> the a2a sizes to measure; None: every kept layout
         self.planned: Optional[SweepPlan] = None  # set by plan()
+        self.marker: Optional[Path] = None  # results/sweeps/<host>-<pid>-*.running
         self.studies: dict[SweepKey, Any] = {}  # one tuner.LayoutStudy per key
         # (tp, seq, a2a) -> budget.TrialCost, from the plan: the budget's per-trial estimate
         self.costs: dict[tuple[int, int, int], Any] = {}
@@ -165,6 +166,8 @@ class Sweeper:
         from hcp_tune.costmodel import predict
         from hcp_tune.engine import tuner
 
+        if self.marker is None:  # `results drop|archive` waits for the end of this sweep
+            self.marker = self.store.mark_sweep()
         # only the planned keys' rows: reading each key's folder costs what the key holds,
         # where reading the whole folder cost every stored trial (on every resume)
         kept_keys = kept_by_key(self.cfg)
@@ -484,17 +487,20 @@ class Sweeper:
         self.reporter.start(len(self.queue) + sum(len(r.members) for r in self.running),
                             self.summary)
         try:
-            while self.queue or self.running:
-                self.fill()
-                self.poll()
-                if self.running:
-                    time.sleep(POLL_INTERVAL_S)  # orchestrator's polling cadence
-        except KeyboardInterrupt:
-            self.cancel_all()
-            self.store.rebuild(self.storage)
-            raise
+            try:
+                while self.queue or self.running:
+                    self.fill()
+                    self.poll()
+                    if self.running:
+                        time.sleep(POLL_INTERVAL_S)  # orchestrator's polling cadence
+            except KeyboardInterrupt:
+                self.cancel_all()
+                self.store.rebuild(self.storage)
+                raise
+            finally:
+                self.reporter.stop()
+            self.store.rebuild(self.storage)  # row files and tables, as views of the studies
         finally:
-            self.reporter.stop()
-        self.store.rebuild(self.storage)  # row files and tables, as views of the studies
+            self.store.unmark_sweep(self.marker)
         self.summary.recommendations = self.store.recommendations()
         return self.summary

@@ -15,6 +15,8 @@ from hcp_tune.outputs.regress import RegressError
 from hcp_tune.outputs.regress_cli import parse_args
 
 RESULTS_KEYS = ("results_dir", "format")
+TAKE_ACTIONS = ("drop", "archive")  # results drop|archive env_tag=X [results_dir=PATH]
+TAKE_KEYS = ("env_tag", "results_dir")
 
 
 @dataclass
@@ -59,11 +61,10 @@ def _mb(n: int) -> str:
 
 
 def cmd_results(args: list[str]) -> int:
+    if args and args[0] in TAKE_ACTIONS:
+        return cmd_take(args[0], args[1:])
     a = parse_args("results", args, RESULTS_KEYS)
-    results_dir = Path(a.get("results_dir", "results")).resolve()
-    if not results_dir.is_dir():
-        raise RegressError(f"results_dir={results_dir}: no such folder; give the folder a "
-                           "sweep wrote (results_dir=PATH)")
+    results_dir = _folder(a)
     fmt = a.get("format", "table")
     if fmt not in ("table", "json"):
         raise RegressError(f"format={fmt!r}: expected table or json")
@@ -79,4 +80,31 @@ def cmd_results(args: list[str]) -> int:
     for t in doc["tags"]:
         print(f"{t['env_tag']:<24} {t['keys']:>6} {t['trials']:>8} {_mb(t['bytes']):>10}  "
               f"{', '.join(t['clusters'])} / {', '.join(t['models'])}")
+    return 0
+
+
+def _folder(a: dict[str, str]) -> Path:
+    results_dir = Path(a.get("results_dir", "results")).resolve()
+    if not results_dir.is_dir():
+        raise RegressError(f"results_dir={results_dir}: no such folder; give the folder a "
+                           "sweep wrote (results_dir=PATH)")
+    return results_dir
+
+
+def cmd_take(action: str, args: list[str]) -> int:
+    """``results drop env_tag=X`` deletes a tag's trials (row files and journals) and
+    their table lines; ``results archive env_tag=X`` moves them to
+    ``<results_dir>/archive/X/`` (a results folder of its own). Both hold the folder's
+    lock and refuse while a sweep runs on it (``ResultStore.take_tag``)."""
+    from hcp_tune.engine.store import ResultStore
+
+    a = parse_args(f"results {action}", args, TAKE_KEYS)
+    results_dir = _folder(a)
+    if "env_tag" not in a:
+        raise RegressError(f"results {action}: which tag? give env_tag=TAG (see: results "
+                           f"results_dir={results_dir})")
+    keys, files, where = ResultStore(results_dir).take_tag(a["env_tag"], action == "archive")
+    done = f"archived to {where}" if where else "dropped"
+    print(f"env_tag={a['env_tag']}: {keys} key(s), {files} trial row(s) {done}; the tables "
+          "no longer list them")
     return 0
