@@ -34,6 +34,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,14 +312,14 @@ class ResultStore:
             keep = {s: e for s, e in index["slugs"].items() if s in slugs and s not in dirty}
         derived = self._derive(ledger, dirty)
         for s, e in derived.items():  # what it was derived from, read before: a trial
-            e["stat"] = (slugs or {}).get(s)  # appended meanwhile marks it changed
+            e["stat"] = _settled((slugs or {}).get(s))  # appended meanwhile marks it changed
         entries = {**keep, **derived}
         extras = list(dict.fromkeys(x for s in sorted(entries) for x in entries[s]["extras"]))
         if index is not None and extras != index["extras"]:
             # a new (or gone) extra column changes every row's line: derive every key
             index, derived = None, self._derive(ledger, set(slugs))
             for s, e in derived.items():
-                e["stat"] = slugs.get(s)
+                e["stat"] = _settled(slugs.get(s))
             entries = derived
             extras = list(dict.fromkeys(x for s in sorted(entries)
                                         for x in entries[s]["extras"]))
@@ -580,6 +581,19 @@ ARCHIVE = "archive"  # archive/<env_tag>/: a tag's keys that ``results archive``
 class HousekeepingError(HcpError):
     """``results drop`` / ``results archive`` cannot do what was asked (bad input, a
     sweep running): one line for the user."""
+
+
+RACY_NS = 2_000_000_000  # a time this recent may not yet show a write made in its tick
+
+
+def _settled(stat: Optional[list[int]]) -> Optional[list[int]]:
+    """A key's (journal size, journal time, row folder time) as the index keeps it, or
+    None when a time is within ``RACY_NS`` of now: a file system stamps times in coarse
+    ticks, so a row file written in the same tick as the snapshot would leave the folder's
+    time unchanged; such a key is derived again by the next update, whatever it shows."""
+    if stat is None or max(stat[1], stat[2]) > time.time_ns() - RACY_NS:
+        return None
+    return stat
 
 
 def _alive(pid: int) -> bool:
