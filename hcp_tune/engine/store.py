@@ -389,14 +389,15 @@ class ResultStore:
         return out
 
     def _read_index(self) -> Optional[dict[str, Any]]:
-        """``.tables.json`` when it describes the tables on disk (their sizes match)."""
+        """``.tables.json`` when it describes the tables on disk (their sizes and times)."""
         try:
             index = json.loads((self.root / TABLES_INDEX).read_text())
             if index.get("version") != TABLES_INDEX_VERSION:
                 return None
             for name in ("trials.csv", "recommendations.csv"):
-                if (self.root / name).stat().st_size != index["bytes"][name]:
-                    return None
+                st = (self.root / name).stat()
+                if [st.st_size, st.st_mtime_ns] != index["bytes"][name]:
+                    return None  # written by something else since
             return index
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
@@ -438,8 +439,7 @@ class ResultStore:
                           + "".join(line for _, line in recs))
         atomic_write_text(str(self.root / TABLES_INDEX), json.dumps({
             "version": TABLES_INDEX_VERSION, "extras": extras,
-            "bytes": {"trials.csv": t_path.stat().st_size,
-                      "recommendations.csv": r_path.stat().st_size},
+            "bytes": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in (t_path, r_path)},
             "slugs": entries}, separators=(",", ":")))
 
     # ---------------------------------------------------------------- housekeeping
