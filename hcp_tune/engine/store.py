@@ -179,7 +179,10 @@ class ResultStore:
     def _files(self, slug: Optional[str] = None) -> list[tuple[Path, str, TrialRow]]:
         """Every readable row file (``slug``: only that key's folder, ``rows/<slug>/``):
         (path, text, row). Raises ``ResultsTooNew``."""
-        out = []
+        return list(self._each_file(slug))
+
+    def _each_file(self, slug: Optional[str] = None) -> Iterator[tuple[Path, str, TrialRow]]:
+        """``_files``, one at a time (a reader of every row keeps only what it needs)."""
         pattern = f"{slug}/*.json" if slug is not None else "*/*.json"
         for path in sorted((self.root / "rows").glob(pattern)):
             try:
@@ -187,16 +190,16 @@ class ResultStore:
                 raw = json.loads(text)
                 if not isinstance(raw, dict):
                     continue
-                out.append((path, text, TrialRow.from_dict(raw, where=str(path))))
+                row = TrialRow.from_dict(raw, where=str(path))
             except (OSError, json.JSONDecodeError, TypeError):
                 continue  # a foreign or damaged file must not hide the rest
-        return out
+            yield path, text, row
 
     def rows(self) -> list[dict[str, Any]]:
         """Every stored row (dicts with the trials.csv columns; an older row's missing
         fields take their defaults). Raises ``ResultsTooNew`` for a row written by a newer
         hcp-tune, whose fields this one cannot vouch for."""
-        return [row.to_dict() for _, _, row in self._files()]
+        return [row.to_dict() for _, _, row in self._each_file()]
 
     def key_rows(self, key: SweepKey) -> list[dict[str, Any]]:
         """The rows of one sweep key, selected by its fields. Reads only the key's folder
