@@ -18,10 +18,6 @@ from hcp_tune.errors import (
     ConfigError,
     HcpError,
 )
-from hcp_tune.outputs.regress_cli import (  # stdlib-light: no torch, no pandas
-    cmd_regress,
-    cmd_report,
-)
 
 USAGE = """\
 usage: python -m hcp_tune COMMAND [key=value ...]
@@ -284,6 +280,19 @@ def cmd_recommend(args: list[str]) -> int:
         for a in advice:
             print(advice_line(a, cfg.cluster.gpu_memory_gib, "recommend"))
     return EXIT_OK if rec else EXIT_NOT_FOUND
+
+
+def cmd_regress(args: list[str]) -> int:
+    # imported here, not at the top: every other command (recommend's second) skips it
+    from hcp_tune.outputs.regress_cli import cmd_regress as regress
+
+    return regress(args)
+
+
+def cmd_report(args: list[str]) -> int:
+    from hcp_tune.outputs.regress_cli import cmd_report as report
+
+    return report(args)
 
 
 def cmd_results(args: list[str]) -> int:
