@@ -196,3 +196,29 @@ def test_an_rdb_storage_stays_one_storage(tmp_path):
     ResultStore(root, url).rebuild()
     assert not (root / "journals").exists()
     assert json.loads(Ledger(url).rows()[(KEYS[0].name, trial_id)]) == row
+
+
+class _Quiet:
+    def trial(self, *args, **kwargs):
+        pass
+
+
+def test_resume_planning_replays_only_the_planned_keys(tmp_path, monkeypatch):
+    from hcp_tune import config
+    from hcp_tune.engine.sweep import Sweeper
+
+    root = tmp_path / "res"
+    for i, key in enumerate(KEYS):
+        sweep(root, key, 2, i)
+    opened = []
+    real_get = tuner.Journals.get
+    monkeypatch.setattr(tuner.Journals, "get",
+                        lambda self, name: (opened.append(name), real_get(self, name))[1])
+    cfg = config.load(["cluster=local", "model=tiny", "cp=4", "tp=1", "seq=[2048,4096]",
+                       "runner=attention", "env_tag=night-2", "executor=local",
+                       f"results_dir={root}"])
+    plan = Sweeper(cfg, _Quiet()).plan()
+    planned = {k.name for k in plan.keys}
+    assert planned == {k.name for k in KEYS if k.env_tag == "night-2" and k.tp == 1}
+    assert set(opened) == planned  # the other ten keys' journals were never replayed
+    assert plan.resumed == 4  # the planned keys' stored trials were found
