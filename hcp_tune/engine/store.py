@@ -21,6 +21,9 @@ Layout of a results folder:
   the keys whose journal or row folder changed since the tables were written
   (``.tables.json``: a cache of each key's place in the tables and what it was derived
   from; without it, or when it does not match the tables, every key is derived).
+- ``sweeps/<host>-<pid>-*.running``: a sweep is running on the folder (``mark_sweep``);
+  ``results drop|archive env_tag=X`` (``take_tag``) refuses while one is, and moves an
+  archived tag to ``archive/<env_tag>/``, a results folder of its own.
 """
 from __future__ import annotations
 

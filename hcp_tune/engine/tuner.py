@@ -2,9 +2,10 @@
 
 The layout space is small (the divisors of CP), so every kept layout is measured: each is
 enqueued and asked for in order (best-predicted first when the cost model ordered them).
-Two objectives, step time and peak memory, both minimised. The studies live in a journal
-file under ``results/`` (safe on a cluster's shared file system), or in any optuna storage
-URL. A study records what was asked, submitted (job id, for re-attachment) and returned:
+Two objectives, step time and peak memory, both minimised. Each study lives in its own
+journal file under ``results/journals/`` (``Journals``: safe on a cluster's shared file
+system, and replayed only when its key is used), or every study in one optuna storage
+(an RDB URL or one journal file). A study records what was asked, submitted (job id, for re-attachment) and returned:
 on ``tell`` the trial's whole row rides on it as user attributes (``row_attrs``), with
 its state: ok -> COMPLETE (values: median step s, peak memory bytes), pruned or skipped
 -> PRUNED, failed / invalid / cancelled -> FAIL; ``status`` and ``failure_class`` say
