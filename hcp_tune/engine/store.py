@@ -211,6 +211,10 @@ class ResultStore:
         folder's."""
         return key_rows([row.to_dict() for _, _, row in self._files(key.slug)], key)
 
+    def slug_rows(self, slug: str) -> list[dict[str, Any]]:
+        """Every row in the key folder ``rows/<slug>/`` (dicts, as ``rows()`` gives)."""
+        return [row.to_dict() for _, _, row in self._each_file(slug)]
+
     def folder_keys(self) -> dict[str, SweepKey]:
         """Each row folder (by slug) and the key its rows belong to, read from one readable
         row of it (every row in ``rows/<slug>/`` is that key's): what a folder holds,
