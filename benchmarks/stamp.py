@@ -31,8 +31,10 @@ def stamp(argv: list[str] | None = None) -> str:
     """The stamp block (an HTML comment, invisible when rendered) for this run."""
     argv = sys.argv if argv is None else argv
     commit = _git("rev-parse", "--short", "HEAD") or "unknown"
-    changed = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no")
-               .splitlines() if "benchmarks/RESULTS-" not in line]  # the files it writes
+    # (a porcelain line is "XY path"; the output's first space may have been stripped)
+    changed = [line.split(maxsplit=1)[-1] for line in
+               _git("status", "--porcelain", "--untracked-files=no").splitlines()
+               if "benchmarks/RESULTS-" not in line]  # the files it writes
     if changed:
         commit += " (with uncommitted changes to " + ", ".join(changed) + ")"
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())

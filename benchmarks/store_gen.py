@@ -10,11 +10,11 @@ memory and step times are a deterministic function of (key, trial number).
 
 - ``write_real``: per trial what a sweep does: ``LayoutStudy.ask`` -> ``submitted`` ->
   ``ResultStore.add`` -> ``tell`` (10-30 ms a trial: half an hour for 100,000).
-- ``write_bulk``: the same row files, and the same journal operations appended to the
-  journal in one write per key (no optuna call per trial): seconds for 100,000. A test
+- ``write_bulk``: the same row files, and the same journal operations written to each
+  key's journal (``journals/<slug>.journal``) in one write (no optuna call per trial). A test
   (tests/engine/test_store_gen.py) shows that at small N the two folders read the same
   rows, trials, recommendations and Pareto fronts, byte for byte after a rebuild, and that
-  their journals hold the same operations but for times and writer ids.
+  each key's journal holds the same operations but for times and writer ids.
 
 Not a test and not part of hcp_tune: a benchmark's fixture.
 """
@@ -114,10 +114,10 @@ def trials(key: SweepKey, n: int) -> Iterator[tuple[int, int, dict[str, Any]]]:
 def write_real(root: Path, key_list: list[SweepKey], trials_per_key: int,
                storage: Any = None) -> None:
     """Through the sweep's write path: ask -> submitted -> row file -> tell, per trial."""
-    from hcp_tune.engine.tuner import LayoutStudy, open_storage
+    from hcp_tune.engine.tuner import LayoutStudy
 
-    storage = open_storage(storage or root / "optuna.journal")
     store = ResultStore(root)
+    storage = store.ledger(storage)
     for key in key_list:
         study = LayoutStudy(storage, key.name, kept_a2a(key.tp))
         for number, a2a, row in trials(key, trials_per_key):
@@ -162,19 +162,20 @@ def _key_ops(key: SweepKey, study_id: int, first_trial: int,
 
 
 def write_bulk(root: Path, key_list: list[SweepKey], trials_per_key: int) -> None:
-    """The same folder as ``write_real`` into an empty folder (a journal file; not for an
-    RDB storage): row files written plainly, journal lines appended once per key."""
+    """The same folder as ``write_real`` into an empty folder (the default ledger, one
+    journal per key; not for an RDB storage): row files written plainly, each key's
+    journal in one write."""
     root.mkdir(parents=True, exist_ok=True)
-    journal = root / "optuna.journal"
-    if journal.exists():
-        raise ValueError(f"{journal} exists: write_bulk numbers studies and trials from 0")
+    journals = root / "journals"
+    if journals.exists():
+        raise ValueError(f"{journals} exists: write_bulk writes into an empty folder")
+    journals.mkdir()
     store = ResultStore(root)
-    with open(journal, "a") as out:
-        for study_id, key in enumerate(key_list):
-            folder = root / "rows" / key.slug
-            folder.mkdir(parents=True, exist_ok=True)
-            for _, _, row in trials(key, trials_per_key):
-                store.row_path(key, row["trial_id"]).write_text(row_text(row))
-            out.write("\n".join(_key_ops(key, study_id, study_id * trials_per_key,
-                                         trials_per_key)) + "\n")
-
+    for key in key_list:
+        folder = root / "rows" / key.slug
+        folder.mkdir(parents=True, exist_ok=True)
+        for _, _, row in trials(key, trials_per_key):
+            store.row_path(key, row["trial_id"]).write_text(row_text(row))
+        # each key's journal numbers its one study and its trials from 0
+        (journals / f"{key.slug}.journal").write_text(
+            "\n".join(_key_ops(key, 0, 0, trials_per_key)) + "\n")

@@ -6,11 +6,19 @@ real one) in two shapes, ``many`` (50 keys a night, 25 trials a key: N/25 keys) 
 (25 keys a night over two nights: N/50 trials a key), and times, each in a fresh process
 (wall clock from the process's start, peak resident memory from ``wait4``):
 
-- ``open``: opening the ledger (``Ledger.names``: optuna replays the whole journal);
+- ``open``: listing the ledger's studies (one line of each key's journal) and opening one
+  key's study (optuna replays that key's journal, not the folder's);
 - ``plan``: resume planning of the last night's sweep (``Sweeper.plan``: its keys' rows,
-  their studies, the plan); the first submission is not included (no SLURM here);
+  their studies, the plan; nothing left to submit);
+- ``submit``: a new night's sweep (the same keys under a new env tag) as ``hcp sweep``
+  runs it with ``executor=slurm``: config, planning and the first job submitted to the
+  local SLURM cluster, clocked from the command's start; the job is cancelled at once
+  (needs ``sinfo`` to answer; left out with ``--ops``);
+- ``rebuild_all``: deriving every key's rows and both tables from the studies (a bulk
+  folder has no tables yet; the first update after a migration does this once);
 - ``sweep24``: a new key's 24 trials through the write path (ask -> submitted -> row file ->
-  tell) against the folder, per trial, then the end-of-sweep update (``ResultStore.rebuild``);
+  tell) against the folder, per trial, then the end-of-sweep update (``ResultStore.rebuild``:
+  only the keys that changed are derived again);
 - ``recommend``, ``report env_tag=X``, ``report`` (every key), ``regress`` of two tags:
   the commands as a user runs them (``python -m hcp_tune ...``).
 
@@ -41,7 +49,16 @@ from stamp import write_results  # noqa: E402  the stamp block the docs read
 
 import store_gen  # noqa: E402
 
-OPS = ("open", "plan", "sweep24", "recommend", "report_tag", "report_all", "regress")
+OPS = ("open", "plan", "submit", "rebuild_all", "sweep24", "recommend", "report_tag",
+       "report_all", "regress")
+# issue 20's targets at 100,000 trials in 4,000 keys: (what, op, field, limit, unit)
+TARGETS = (("planning and the first job submitted", "submit", "first_submit_s", 5.0, "s"),
+           ("end-of-sweep update, 24-trial sweep", "sweep24", "rebuild_s", 2.0, "s"),
+           ("`recommend`", "recommend", "wall_s", 1.0, "s"),
+           ("`report env_tag=X`", "report_tag", "wall_s", 10.0, "s"),
+           ("`regress` of two tags", "regress", "wall_s", 10.0, "s"),
+           ("one trial's ledger cost", "sweep24", "per_trial_ms", 30.0, "ms"))
+MEMORY_LIMIT_MB = 1024
 SHAPES = ("many", "few")
 
 
@@ -61,9 +78,15 @@ def child(op: str, root: Path, nights: int, keys_per_night: int) -> dict:
     t0 = time.perf_counter()
     out: dict = {}
     if op == "open":
+        from hcp_tune.engine.store import ResultStore
         from hcp_tune.engine.tuner import Ledger
 
-        out["studies"] = len(Ledger(root / "optuna.journal").names())
+        ledger = Ledger(ResultStore(root).ledger())
+        names = ledger.names()
+        out["studies"] = len(names)
+        t1 = time.perf_counter()
+        out["trials_one_key"] = len(ledger.study(names[-1]).get_trials(deepcopy=False))
+        out["one_key_s"] = time.perf_counter() - t1
     elif op == "plan":
         from sweep_overhead import Quiet
 
@@ -76,24 +99,52 @@ def child(op: str, root: Path, nights: int, keys_per_night: int) -> dict:
         plan = Sweeper(cfg, Quiet()).plan()
         out["plan_s"] = time.perf_counter() - t1
         out["keys"], out["queued"] = len(plan.kept), len(plan.queue)
+    elif op == "submit":
+        import dataclasses
+
+        from sweep_overhead import Quiet
+
+        from hcp_tune import config
+        from hcp_tune.costmodel import predict
+        from hcp_tune.engine import dispatch
+        from hcp_tune.engine.sweep import Sweeper
+
+        args = [a for a in store_gen.sweep_args(nights - 1, keys_per_night)
+                if not a.startswith("env_tag=")]
+        cfg = config.load([*args, "env_tag=nightly-submit", f"results_dir={root}",
+                           "executor=slurm"])  # what cmd_sweep does, up to the first job
+        runner, _ = predict.resolve_runner(cfg.runner.name)
+        config.writable_dir(cfg.results_dir)
+        cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, name=runner))
+        sweeper = Sweeper(cfg, Quiet())
+        plan = sweeper.plan()
+        sweeper.fill()
+        out["first_submit_s"] = time.time() - float(os.environ["STORE_SCALE_T0"])
+        out["keys"], out["jobs"] = len(plan.kept), len(sweeper.running)
+        dispatch.cancel([r.handle for r in sweeper.running])
+    elif op == "rebuild_all":
+        from hcp_tune.engine.store import ResultStore
+
+        ResultStore(root).rebuild()
     elif op == "sweep24":
         from hcp_tune.engine.store import ResultStore, SweepKey
-        from hcp_tune.engine.tuner import LayoutStudy, open_storage
+        from hcp_tune.engine.tuner import LayoutStudy
         from hcp_tune.spec import Status
 
         key = SweepKey("local", "tiny", 1, store_gen.CP, 4096, "attention", "nightly-new")
         t1 = time.perf_counter()
-        storage = open_storage(root / "optuna.journal")  # replays the journal
-        study = LayoutStudy(storage, key.name, store_gen.kept_a2a(1))
-        out["replay_s"] = time.perf_counter() - t1
         store = ResultStore(root)
-        t1 = time.perf_counter()
+        storage = store.ledger()
+        study = LayoutStudy(storage, key.name, store_gen.kept_a2a(1))  # its journal only
+        out["replay_s"] = time.perf_counter() - t1
+        t1, c1 = time.perf_counter(), time.process_time()
         for number, a2a, row in store_gen.trials(key, 24):
             got, _, _ = study.ask(a2a, key.slug)
             study.submitted(got, row["job_id"], "slurm", store_gen.JOBS_FOLDER)
             store.add(row, key)
             study.tell(got, Status(row["status"]), None, row=row)
         out["per_trial_ms"] = (time.perf_counter() - t1) / 24 * 1000
+        out["per_trial_cpu_ms"] = (time.process_time() - c1) / 24 * 1000
         t1 = time.perf_counter()
         store.rebuild(storage)
         out["rebuild_s"] = time.perf_counter() - t1
@@ -104,7 +155,7 @@ def child(op: str, root: Path, nights: int, keys_per_night: int) -> dict:
 # ------------------------------------------------------------------ in the parent
 def command(op: str, root: Path, nights: int, keys_per_night: int) -> list[str]:
     py = [sys.executable]
-    if op in ("open", "plan", "sweep24"):
+    if op in ("open", "plan", "submit", "rebuild_all", "sweep24"):
         return [*py, __file__, "--child", op, "--root", str(root), "--nights", str(nights),
                 "--keys-per-night", str(keys_per_night)]
     hcp = [*py, "-m", "hcp_tune"]
@@ -124,7 +175,7 @@ def command(op: str, root: Path, nights: int, keys_per_night: int) -> list[str]:
 def timed(cmd: list[str], timeout_s: float) -> dict:
     """Wall seconds from the process's start, its peak RSS (MB), its exit code and, for a
     child op, what it printed."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "STORE_SCALE_T0": repr(time.time())}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             cwd=REPO, text=True)
@@ -178,10 +229,11 @@ def peak_wrapper(cmd: list[str]) -> int:
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     stdout, _ = proc.communicate()
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     last = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     extra = json.loads(last) if last.startswith("{") else {}
-    print(json.dumps({**extra, "peak_mb": round(peak, 1)}))
+    print(json.dumps({**extra, "peak_mb": round(usage.ru_maxrss / 1024, 1),
+                      "cpu_s": round(usage.ru_utime + usage.ru_stime, 2)}))
     return proc.returncode
 
 
@@ -193,12 +245,18 @@ def fmt(r: dict, op: str) -> str:
         return f"> {v['timeout_s']:.0f} s"
     bits = [f"{v['wall_s']:.1f} s"]
     if op == "sweep24" and "per_trial_ms" in v:
-        bits = [f"replay {v['replay_s']:.1f} s, {v['per_trial_ms']:.0f} ms/trial, "
-                f"update {v['rebuild_s']:.1f} s"]
+        bits = [f"open {v['replay_s']:.2f} s, {v['per_trial_ms']:.0f} ms/trial "
+                f"(CPU {v.get('per_trial_cpu_ms', 0):.0f} ms), update {v['rebuild_s']:.2f} s"]
     if op == "plan" and "plan_s" in v:
         bits.append(f"(plan {v['plan_s']:.1f} s)")
+    if op == "submit" and "first_submit_s" in v:
+        bits = [f"first job {v['first_submit_s']:.1f} s"]
+    if op == "open" and "one_key_s" in v:
+        bits.append(f"(one key {v['one_key_s']:.2f} s)")
     if "peak_mb" in v:
         bits.append(f"{v['peak_mb']:.0f} MB")
+    if "cpu_s" in v:
+        bits.append(f"CPU {v['cpu_s']:.1f} s")
     if v.get("error"):
         bits.append(f"rc {v['rc']}: {v['error']}")
     return ", ".join(bits)
@@ -207,29 +265,75 @@ def fmt(r: dict, op: str) -> str:
 def table(results: list[dict], ops: list[str]) -> str:
     head = ["shape", "trials", "keys", "folder MB", "build s", *ops]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in results:
+    for r in sorted(results, key=lambda r: (r["shape"], r["trials"])):
         lines.append("| " + " | ".join([r["shape"], f"{r['trials']:,}", f"{r['keys']:,}",
                                         f"{r['size_mb']:.0f}", f"{r['build_s']:.1f}",
                                         *(fmt(r, op) for op in ops)]) + " |")
     return "\n".join(lines)
 
 
-def stamp(argv: list[str], load_start, load_end) -> str:
-    # run from an exported copy (``git archive``), the commit comes in HCP_TUNE_COMMIT
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip() \
-        or os.environ.get("HCP_TUNE_COMMIT", "unknown")
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"],
-                           capture_output=True, text=True).stdout.strip()
+HEADER = """# Results folder scale (benchmarks/store_scale.py)
+
+What each command costs as a nightly results folder grows (issue 20; the design, how to
+reproduce and what is left: [docs/store-scale.md](../docs/store-scale.md)). Folders are
+built in bulk by `benchmarks/store_gen.py` (a test shows they equal the sweep's own write
+path's, byte for byte); each command runs in a fresh process, timed from its start
+(imports included), with its peak resident memory. The machine is shared with other work:
+the load averages are in the stamp (end of the run) and below (start); read the growth
+along a column rather than one absolute figure.
+
+Columns: `open` listing the ledger's studies (in brackets: opening one key's journal);
+`plan` resume planning of the last night's sweep (in brackets `Sweeper.plan` itself);
+`submit` a new night's sweep with `executor=slurm`, from the command's start to its first
+job submitted to the local SLURM cluster (cancelled at once); `rebuild_all` deriving every
+key's rows and tables from the studies (once per folder: a bulk folder has no tables);
+`sweep24` a new key's 24 trials through the write path: opening its journal, the mean
+ledger cost of one trial (ask, submitted, row file, tell) and the end-of-sweep update
+(`ResultStore.rebuild`, only the changed keys derived); `recommend`, `report_tag`
+(`report env_tag=nightly-0000`), `report_all` (`report`), `regress`
+(`baseline=nightly-0000 candidate=nightly-0001`) as a user runs them. Each cell: wall
+seconds, then peak resident memory. Shapes: `many` 25 trials a key, up to 50 keys a night;
+`few` 2 nights × 25 keys, N/50 trials a key.
+"""
+
+
+def targets(results: list[dict]) -> str:
+    """Issue 20's targets against the largest folder measured."""
+    if not results:
+        return ""
+    r = max(results, key=lambda x: x["trials"])
+    lines = [f"## Targets at the largest folder measured: {r['trials']:,} trials in "
+             f"{r['keys']:,} keys ({r['shape']})", "",
+             "Measured: wall clock under the load above; in brackets the command's CPU "
+             "seconds (user + system), which the other work on the machine does not "
+             "stretch.", "",
+             "| target | limit | measured | met |", "|---|---|---|---|"]
+    for what, op, field, limit, unit in TARGETS:
+        v = (r.get(op) or {}).get(field)
+        got = "-" if v is None else f"{v:.2f} {unit}"
+        if v is not None and field == "wall_s" and "cpu_s" in r[op]:
+            got += f" ({r[op]['cpu_s']:.2f} s CPU)"
+        met = "-" if v is None else ("yes" if v <= limit else "**no**")
+        lines.append(f"| {what} | ≤ {limit:g} {unit} | {got} | {met} |")
+    peaks = {op: v["peak_mb"] for op, v in r.items()
+             if isinstance(v, dict) and isinstance(v.get("peak_mb"), (int, float))}
+    if peaks:
+        top = max(peaks, key=peaks.get)
+        over = [f"`{op}` {mb:.0f} MB" for op, mb in sorted(peaks.items()) if mb > MEMORY_LIMIT_MB]
+        lines.append(f"| no command above 1 GB | ≤ {MEMORY_LIMIT_MB} MB | largest: `{top}` "
+                     f"{peaks[top]:.0f} MB{'; over: ' + ', '.join(over) if over else ''} | "
+                     f"{'**no**' if over else 'yes'} |")
+    return "\n".join(lines) + "\n"
+
+
+def document(results: list[dict], ops: list[str], load_start) -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in
                 Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    return (f"- command: `python benchmarks/store_scale.py {' '.join(argv)}`\n"
-            f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
-            f"- git commit: {commit}{' (with uncommitted changes)' if dirty else ''}\n"
-            f"- machine: {platform.node()}, {os.cpu_count()} cores ({cpu}), "
-            f"Python {platform.python_version()}\n"
-            f"- load average (1, 5, 15 min): start {load_start}, end {load_end}\n")
+    return (HEADER + f"\nMachine: {os.cpu_count()} cores ({cpu}), Python "
+            f"{platform.python_version()}; load average at the start (1, 5, 15 min): "
+            f"{' '.join(f'{x:.2f}' for x in load_start)}.\n\n" + targets(results)
+            + "\n## Every size\n\n" + table(results, ops) + "\n")
 
 
 def main() -> None:
@@ -258,10 +362,7 @@ def main() -> None:
         for n in map(int, a.sizes.split(",")):
             results.append(run_size(shape_name, n, ops, a.timeout_s))
             # written after each size: a run stopped part way keeps what it measured
-            load_end = tuple(round(x, 2) for x in os.getloadavg())
-            text = table(results, ops)
-            write_results(a.out, "# Results folder scale (benchmarks/store_scale.py)\n\n"
-                          + stamp(sys.argv[1:], load_start, load_end) + "\n" + text)
+            write_results(a.out, document(results, ops, load_start))
     print(table(results, ops))
     print(f"wrote {a.out}")
 

@@ -18,10 +18,6 @@ from hcp_tune.errors import (
     ConfigError,
     HcpError,
 )
-from hcp_tune.outputs.regress_cli import (  # stdlib-light: no torch, no pandas
-    cmd_regress,
-    cmd_report,
-)
 
 USAGE = """\
 usage: python -m hcp_tune COMMAND [key=value ...]
@@ -46,6 +42,7 @@ commands:
             e.g. report results_dir=results env_tag=te-2.9
   results   what a results folder holds: per env tag its keys, trials and size
             e.g. results results_dir=results [format=json]
+            results drop|archive env_tag=TAG [results_dir=results]: remove a tag
 
 overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] cluster=dgx-h200
 model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true
@@ -288,6 +285,19 @@ def cmd_recommend(args: list[str]) -> int:
                 "  " + " ".join(predicted["bridge_overrides"]), *close_group_lines(pred))
         say(*(advice_line(a, cfg.cluster.gpu_memory_gib, "recommend") for a in advice))
     return EXIT_OK if rec else EXIT_NOT_FOUND
+
+
+def cmd_regress(args: list[str]) -> int:
+    # imported here, not at the top: every other command (recommend's second) skips it
+    from hcp_tune.outputs.regress_cli import cmd_regress as regress
+
+    return regress(args)
+
+
+def cmd_report(args: list[str]) -> int:
+    from hcp_tune.outputs.regress_cli import cmd_report as report
+
+    return report(args)
 
 
 def cmd_results(args: list[str]) -> int:

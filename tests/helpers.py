@@ -143,13 +143,17 @@ def kill_after_first_row_and_resume(res: Path, args: list[str]) -> tuple[dict, d
         assert after[tid] == row  # nothing measured was lost or re-measured
     return first, after, r.stdout
 
+def journal_text(res: Path) -> str:
+    """Every journal of a results folder (one per sweep key under journals/), joined."""
+    return "".join(p.read_text() for p in sorted((res / "journals").glob("*.journal")))
+
+
 def ctrl_c_once_submitted(res: Path, *args) -> tuple[list[dict], set[str]]:
     """Start a sweep that would run for ever, press Ctrl-C once a job is submitted; the rows
     stored and the SLURM jobs that were queued just before the interrupt."""
     proc = start("sweep", *args, *TINY, "runner.measure_steps=100000", "executor=slurm",
                  f"results_dir={res}")
-    journal = res / "optuna.journal"
-    wait_for(lambda: journal.exists() and "job_id" in journal.read_text(), what="a submitted job")
+    wait_for(lambda: "job_id" in journal_text(res), what="a submitted job")
     before = squeue_ids()
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)

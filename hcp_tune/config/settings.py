@@ -126,7 +126,9 @@ class SearchConfig:
     skip_predicted_slower_than: Optional[float] = _f(
         "skip layouts predicted more than this factor slower than the best", min=1.0,
         expect="a number >= 1 (e.g. 1.5 skips layouts predicted 50% slower than the best)")
-    storage: Optional[str] = _f("optuna storage URL; null: <results_dir>/optuna.journal")
+    storage: Optional[str] = _f(
+        "optuna storage URL or journal file (one storage for every key); null: one "
+        "journal per sweep key under <results_dir>/journals/")
     budget_gpu_hours: Optional[float] = _f(
         "stop submitting once the estimate of what was submitted would pass this many "
         "GPU-hours (rank-hours on a CPU profile)", expect="a number of GPU-hours > 0")

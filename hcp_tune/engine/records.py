@@ -9,6 +9,7 @@ trial row's extra fields (a skipped layout's ``predicted_step_s``) follow its co
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -53,6 +54,11 @@ def key_field(record: dict[str, Any], name: str) -> Any:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return OLDER_ROW_DEFAULTS.get(name)
     return value
+
+
+def name_slug(name: str) -> str:
+    """The short name of a sweep key (from its name): its row folder and its journal."""
+    return hashlib.sha1(name.encode()).hexdigest()[:12]
 
 
 @functools.cache

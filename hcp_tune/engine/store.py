@@ -1,9 +1,11 @@
-"""Measurements and recommendations under ``results/``: the one module that imports pandas.
+"""Measurements and recommendations under ``results/``: rows, the ledger, the tables.
 
 Layout of a results folder:
 
-- ``optuna.journal`` (or ``search.storage``): the record, one optuna study per sweep key;
-  each finished trial holds its whole row (``tuner``).
+- ``journals/<sweep-key-hash>.journal`` (or ``search.storage``, one storage for every key):
+  the record, one optuna study per sweep key in its own journal file, so that a command
+  replays only the keys it touches; each finished trial holds its whole row (``tuner``).
+  A folder written with one ``optuna.journal`` is split once (``ResultStore.ledger``).
 - ``rows/<sweep-key-hash>/<trial-id>.json``: one file per finished trial, written
   atomically the moment its result is known (before it is told to the study, so a killed
   orchestrator loses nothing) and rewritten from the studies by ``rebuild``: a view,
@@ -15,13 +17,27 @@ Layout of a results folder:
 - ``trials.csv`` and ``recommendations.csv``: tables rebuilt from the studies under an
   exclusive lock (``.lock``) and replaced atomically, so a reader sees the old table or
   the new one, and concurrent sweeps serialise their rebuilds instead of interleaving.
+  Each row's text depends on that row alone (``csv_line``), so ``rebuild`` re-derives only
+  the keys whose journal or row folder changed since the tables were written
+  (``.tables.json``: a cache of each key's place in the tables and what it was derived
+  from; without it, or when it does not match the tables, every key is derived).
+- ``sweeps/<host>-<pid>-*.running``: a sweep is running on the folder (``mark_sweep``);
+  ``results drop|archive env_tag=X`` (``take_tag``) refuses while one is, and moves an
+  archived tag to ``archive/<env_tag>/``, a results folder of its own.
 """
 from __future__ import annotations
 
+import csv
 import fcntl
-import hashlib
+import io
 import json
 import math
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +55,10 @@ from hcp_tune.engine.records import (
     TrialRow,
     Verification,
     key_field,
+    name_slug,
     row_text,
 )
+from hcp_tune.errors import HcpError
 from hcp_tune.noise import row_noise
 from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
 
@@ -77,7 +95,7 @@ class SweepKey:
 
     @property
     def slug(self) -> str:
-        return hashlib.sha1(self.name.encode()).hexdigest()[:12]
+        return name_slug(self.name)
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> "SweepKey":
@@ -179,7 +197,10 @@ class ResultStore:
     def _files(self, slug: Optional[str] = None) -> list[tuple[Path, str, TrialRow]]:
         """Every readable row file (``slug``: only that key's folder, ``rows/<slug>/``):
         (path, text, row). Raises ``ResultsTooNew``."""
-        out = []
+        return list(self._each_file(slug))
+
+    def _each_file(self, slug: Optional[str] = None) -> Iterator[tuple[Path, str, TrialRow]]:
+        """``_files``, one at a time (a reader of every row keeps only what it needs)."""
         pattern = f"{slug}/*.json" if slug is not None else "*/*.json"
         for path in sorted((self.root / "rows").glob(pattern)):
             try:
@@ -187,16 +208,16 @@ class ResultStore:
                 raw = json.loads(text)
                 if not isinstance(raw, dict):
                     continue
-                out.append((path, text, TrialRow.from_dict(raw, where=str(path))))
+                row = TrialRow.from_dict(raw, where=str(path))
             except (OSError, json.JSONDecodeError, TypeError):
                 continue  # a foreign or damaged file must not hide the rest
-        return out
+            yield path, text, row
 
     def rows(self) -> list[dict[str, Any]]:
         """Every stored row (dicts with the trials.csv columns; an older row's missing
         fields take their defaults). Raises ``ResultsTooNew`` for a row written by a newer
         hcp-tune, whose fields this one cannot vouch for."""
-        return [row.to_dict() for _, _, row in self._files()]
+        return [row.to_dict() for _, _, row in self._each_file()]
 
     def key_rows(self, key: SweepKey) -> list[dict[str, Any]]:
         """The rows of one sweep key, selected by its fields. Reads only the key's folder
@@ -204,6 +225,10 @@ class ResultStore:
         moves a row the studies hold there), so its cost is the key's rows, not the
         folder's."""
         return key_rows([row.to_dict() for _, _, row in self._files(key.slug)], key)
+
+    def slug_rows(self, slug: str) -> list[dict[str, Any]]:
+        """Every row in the key folder ``rows/<slug>/`` (dicts, as ``rows()`` gives)."""
+        return [row.to_dict() for _, _, row in self._each_file(slug)]
 
     def folder_keys(self) -> dict[str, SweepKey]:
         """Each row folder (by slug) and the key its rows belong to, read from one readable
@@ -231,68 +256,425 @@ class ResultStore:
                         if str(row.env_tag) in env_tags]
         return out
 
+    # ---------------------------------------------------------------- the ledger
+    def ledger(self, storage: Any = None) -> Any:
+        """The optuna storage of this folder's studies: ``storage`` when given (an RDB URL
+        or one journal file: ``search.storage``), else one journal per key under
+        ``journals/`` (``tuner.Journals``). A folder holding the single ``optuna.journal``
+        of an older hcp-tune is split into per-key journals first, once, under the lock."""
+        from hcp_tune.engine import tuner
+
+        if storage is not None:
+            return tuner.open_storage(storage)
+        if (self.root / LEGACY_JOURNAL).is_file() and not (self.root / JOURNALS).is_dir():
+            with self._lock():
+                self._migrate()
+        return tuner.Journals(self.root / JOURNALS)
+
+    def _migrate(self) -> None:
+        """(Under the lock.) Copy every study of ``optuna.journal`` into its own journal in
+        a temporary folder, rename that folder to ``journals/`` (atomic: a reader sees no
+        partitions or all of them) and keep the old file as ``optuna.journal.migrated``."""
+        from hcp_tune.engine import tuner
+
+        legacy, target = self.root / LEGACY_JOURNAL, self.root / JOURNALS
+        if not legacy.is_file() or target.is_dir():
+            return  # another process migrated it while this one waited for the lock
+        tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".journals-migrating-"))
+        try:
+            old = tuner.Ledger(legacy)
+            names = old.names()
+            parts = tuner.Journals(tmp)
+            for name in names:
+                tuner.copy_study(old.storage, name, parts.get(name))
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        os.replace(legacy, self.root / (LEGACY_JOURNAL + ".migrated"))
+        print(f"{self.root}: the ledger moved from {LEGACY_JOURNAL} to one journal per sweep "
+              f"key under {JOURNALS}/ ({len(names)} studies; once; the old file is kept as "
+              f"{LEGACY_JOURNAL}.migrated)", file=sys.stderr)
+
+    # ---------------------------------------------------------------- the tables
     def rebuild(self, storage: Any = None) -> tuple[Path, Path]:
         """Under the lock: import row files the studies lack (a folder written by an older
         hcp-tune, or a row written just before its orchestrator died), then rewrite the
-        row files, trials.csv and recommendations.csv from the studies."""
-        import pandas as pd
+        row files, trials.csv and recommendations.csv from the studies.
 
+        With per-key journals (the default ledger), only the keys whose journal or row
+        folder changed since the tables were last written are derived again; the other
+        keys' lines are copied from the tables as they are (``.tables.json`` says where
+        each key's lines lie). The result is the same, byte for byte, as deriving every key
+        (``rebuild_all``); an RDB or single-journal storage derives every key."""
+        return self._rebuild(storage, everything=False)
+
+    def rebuild_all(self, storage: Any = None) -> tuple[Path, Path]:
+        """``rebuild``, deriving every key from the studies (the index ignored)."""
+        return self._rebuild(storage, everything=True)
+
+    def _rebuild(self, storage: Any, everything: bool) -> tuple[Path, Path]:
         from hcp_tune.engine import tuner
 
-        storage = storage or self.storage or self.root / "optuna.journal"
+        storage = self.ledger(storage or self.storage)
         with self._lock():
-            ledger = tuner.Ledger(storage)
-            names = ledger.names()
-            held = ledger.rows(names)
-            orphans: dict[str, list[dict[str, Any]]] = {}
-            on_disk: dict[Path, str] = {}  # each row file is read once
-            for path, text, row in self._files():
+            self._rebuild_locked(tuner.Ledger(storage), everything)
+        return self.root / "trials.csv", self.root / "recommendations.csv"
+
+    def _rebuild_locked(self, ledger: Any, everything: bool) -> None:
+        """``rebuild``'s work; the caller holds the lock."""
+        from hcp_tune.engine import tuner
+
+        partitioned = isinstance(ledger.storage, tuner.Journals)
+        index = None if everything or not partitioned else self._read_index()
+        slugs = self._slugs(ledger) if partitioned else None
+        if index is None:
+            dirty = set(slugs) if slugs is not None else None
+            keep: dict[str, dict[str, Any]] = {}
+        else:
+            dirty = {s for s, st in slugs.items()
+                     if index["slugs"].get(s, {}).get("stat") != st}
+            keep = {s: e for s, e in index["slugs"].items() if s in slugs and s not in dirty}
+        derived = self._derive(ledger, dirty)
+        for s, e in derived.items():  # what it was derived from, read before: a trial
+            e["stat"] = _settled((slugs or {}).get(s))  # appended meanwhile marks it changed
+        entries = {**keep, **derived}
+        extras = list(dict.fromkeys(x for s in sorted(entries) for x in entries[s]["extras"]))
+        if index is not None and extras != index["extras"]:
+            # a new (or gone) extra column changes every row's line: derive every key
+            index, derived = None, self._derive(ledger, set(slugs))
+            for s, e in derived.items():
+                e["stat"] = _settled(slugs.get(s))
+            entries = derived
+            extras = list(dict.fromkeys(x for s in sorted(entries)
+                                        for x in entries[s]["extras"]))
+        self._write_tables(entries, index, extras, derived)
+
+    def _slugs(self, ledger: Any) -> dict[str, list[int]]:
+        """Each key folder (by slug) with a journal or a row folder, and what says it
+        changed: its journal's size and time, its row folder's time."""
+        out: dict[str, list[int]] = {}
+        for path in ledger.storage.folder.glob("*.journal"):
+            st = path.stat()
+            out.setdefault(path.stem, [0, 0, 0])[:2] = [st.st_size, st.st_mtime_ns]
+        rows = self.root / "rows"
+        if rows.is_dir():
+            for entry in os.scandir(rows):
+                if entry.is_dir():
+                    out.setdefault(entry.name, [0, 0, 0])[2] = entry.stat().st_mtime_ns
+        return out
+
+    def _derive(self, ledger: Any, slugs: Optional[set[str]]) -> dict[str, dict[str, Any]]:
+        """For the key folders ``slugs`` (None: every key the storage or ``rows/`` holds),
+        one key at a time: import the row files its study lacks, rewrite its row files
+        from the study, and return per slug its tables' entry (``_entry``). A per-key
+        journal is let go once its key is done, so memory holds one key's trials."""
+        from hcp_tune.engine import tuner
+
+        journals = ledger.storage if isinstance(ledger.storage, tuner.Journals) else None
+        in_storage: dict[str, set[str]] = {}
+        if journals is None:  # one storage: its study names, by slug
+            for n in ledger.names():
+                in_storage.setdefault(name_slug(n), set()).add(n)
+        if slugs is None:
+            folders = self.root / "rows"
+            slugs = {*in_storage, *(journals.slugs() if journals else ()),
+                     *(p.name for p in folders.iterdir() if p.is_dir())} \
+                if folders.is_dir() else {*in_storage, *(journals.slugs() if journals else ())}
+        out: dict[str, dict[str, Any]] = {s: _entry([], "") for s in slugs}
+        for slug in sorted(slugs):
+            on_disk: dict[Path, str] = {}
+            by_name: dict[str, list[TrialRow]] = {}
+            for path, text, row in self._files(slug):
                 on_disk[path] = text
-                name = SweepKey.of(row.to_dict()).name
-                if (name, row.trial_id) not in held:
-                    orphans.setdefault(name, []).append(json.loads(row_text(row.to_dict())))
-            for name, key_rows in orphans.items():
-                ledger.import_rows(name, key_rows)
-            if orphans:
-                names = ledger.names()
-                held = ledger.rows(names)
-            views = []
-            for (name, trial_id), text in held.items():
-                row = TrialRow.from_dict(json.loads(text), where=f"{storage}: study {name}")
-                path = self.row_path(SweepKey.of(row.to_dict()), trial_id)
-                if on_disk.get(path) != text:
-                    atomic_write_text(str(path), text)
-                views.append((path, row.to_dict()))
-            rows = [r for _, r in sorted(views, key=lambda v: v[0])]
-            # one pass over the studies: asking ``ledger.pareto`` per study made the
-            # rebuild quadratic in studies (each call listed every study)
-            held_names = {n for n, _ in held}
-            known = set(names)
-            pareto = {name: ledger.pareto(name, known) for name in held_names}
-            extra = [k for r in rows for k in r if k not in TRIAL_COLUMNS]
-            trials = pd.DataFrame(rows, columns=[*TRIAL_COLUMNS, *dict.fromkeys(extra)])
-            recs = pd.DataFrame(recommendations(trials.to_dict("records"), pareto),
-                                columns=list(RECOMMENDATION_COLUMNS))
-            t_path, r_path = self.root / "trials.csv", self.root / "recommendations.csv"
-            atomic_write_text(str(t_path), trials.to_csv(index=False))
-            atomic_write_text(str(r_path), recs.to_csv(index=False))
-        return t_path, r_path
+                by_name.setdefault(SweepKey.of(row.to_dict()).name, []).append(row)
+            names = set(in_storage.get(slug, ()))
+            if journals is not None and (found := journals.name_at(slug)) is not None:
+                names.add(found)
+            # a row file's own key decides its study (whatever folder it lies in)
+            for name in sorted(names | set(by_name)):
+                held = ledger.rows([name]) if name in names or ledger.has(name) else {}
+                lost = [json.loads(row_text(r.to_dict())) for r in by_name.get(name, ())
+                        if (name, r.trial_id) not in held]
+                if lost:
+                    ledger.import_rows(name, lost)
+                    held = ledger.rows([name])
+                views = []
+                for (_, trial_id), text in held.items():
+                    row = TrialRow.from_dict(json.loads(text), where=f"study {name}")
+                    path = self.row_path(SweepKey.of(row.to_dict()), trial_id)
+                    if on_disk.get(path) != text:
+                        atomic_write_text(str(path), text)
+                    views.append((path, row.to_dict()))
+                rows = [r for _, r in sorted(views, key=lambda v: v[0])]
+                if rows:
+                    out[name_slug(name)] = _entry(rows, ledger.pareto(name, {name}))
+                if journals is not None:
+                    journals.forget(name)
+        return out
+
+    def _read_index(self) -> Optional[dict[str, Any]]:
+        """``.tables.json`` when it describes the tables on disk (their sizes and times)."""
+        try:
+            index = json.loads((self.root / TABLES_INDEX).read_text())
+            if index.get("version") != TABLES_INDEX_VERSION:
+                return None
+            for name in ("trials.csv", "recommendations.csv"):
+                st = (self.root / name).stat()
+                if [st.st_size, st.st_mtime_ns] != index["bytes"][name]:
+                    return None  # written by something else since
+            return index
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def _write_tables(self, entries: dict[str, dict[str, Any]], index: Optional[dict[str, Any]],
+                      extras: list[str], derived: dict[str, dict[str, Any]]) -> None:
+        """trials.csv: the header, then each key's rows in slug order (a kept key's lines
+        copied from the old table); recommendations.csv: one line per key in key order;
+        then the index. Each written atomically."""
+        columns = [*TRIAL_COLUMNS, *extras]
+        header = csv_line(columns)
+        t_path, r_path = self.root / "trials.csv", self.root / "recommendations.csv"
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix="trials.csv")
+        try:
+            with os.fdopen(fd, "wb") as out, \
+                    (open(t_path, "rb") if index is not None else io.BytesIO()) as old:
+                pos = out.write(header.encode())
+                for slug in sorted(entries):
+                    e = entries[slug]
+                    if slug in derived or index is None:
+                        data = "".join(
+                            base + "".join("," + _quoted(csv_cell(more.get(c))) for c in extras)
+                            + "\n" for base, more in e.pop("rows")).encode()
+                    else:
+                        start, end = e["span"]
+                        old.seek(start)
+                        data = old.read(end - start)
+                    e["span"] = [pos, pos + len(data)]
+                    pos += out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, t_path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        recs = sorted((e["order"], e["rec"]) for e in entries.values() if e["rec"])
+        atomic_write_text(str(r_path), csv_line(list(RECOMMENDATION_COLUMNS))
+                          + "".join(line for _, line in recs))
+        atomic_write_text(str(self.root / TABLES_INDEX), json.dumps({
+            "version": TABLES_INDEX_VERSION, "extras": extras,
+            "bytes": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in (t_path, r_path)},
+            "slugs": entries}, separators=(",", ":")))
+
+    # ---------------------------------------------------------------- housekeeping
+    def mark_sweep(self) -> Path:
+        """Say a sweep runs on this folder (``sweeps/<host>-<pid>-<n>.running``, written
+        under the lock, so housekeeping that holds the lock either sees it or finishes
+        first); the sweep removes it when it ends (``unmark_sweep``)."""
+        with self._lock():
+            folder = self.root / SWEEPS
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, path = tempfile.mkstemp(dir=folder, prefix=f"{socket.gethostname()}-"
+                                        f"{os.getpid()}-", suffix=".running")
+            with os.fdopen(fd, "w") as handle:
+                json.dump({"host": socket.gethostname(), "pid": os.getpid(),
+                           "argv": sys.argv}, handle)
+        return Path(path)
+
+    @staticmethod
+    def unmark_sweep(marker: Optional[Path]) -> None:
+        if marker is not None:
+            marker.unlink(missing_ok=True)
+
+    def running_sweeps(self) -> list[str]:
+        """The sweeps that may be running on this folder: every marker but those of this
+        host whose process is gone (a sweep killed with SIGKILL; those are removed). A
+        marker from another host cannot be checked from here: it counts as running."""
+        out = []
+        for path in sorted((self.root / SWEEPS).glob("*.running")):
+            try:
+                mark = json.loads(path.read_text())
+                host, pid = str(mark["host"]), int(mark["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                out.append(f"{path} (unreadable)")
+                continue
+            if host == socket.gethostname() and not _alive(pid):
+                path.unlink(missing_ok=True)
+                continue
+            out.append(f"{path} (pid {pid} on {host})")
+        return out
+
+    def take_tag(self, env_tag: str, archive: bool) -> tuple[int, int, Optional[Path]]:
+        """Remove an env tag's keys from the folder: their row folders and journals, then
+        their lines of the tables. ``archive``: moved to ``archive/<env_tag>/`` (itself a
+        results folder: ``report results_dir=<it>`` reads it), else deleted. Under the
+        lock; refused (``HousekeepingError``) while a sweep runs on the folder or when the
+        folder holds no such tag. The keys are first moved aside in one folder and the
+        tables rewritten without them; a command killed part way leaves that folder
+        (``.taking-*``) for a person to look at, never a half-dropped key.
+        Returns (keys, row files, where archived)."""
+        from hcp_tune.engine import tuner
+
+        storage = self.ledger()
+        if not isinstance(storage, tuner.Journals):  # (ledger() without a storage: never)
+            raise HousekeepingError("this folder's ledger is not journals/")
+        target = self.root / ARCHIVE / env_tag if archive else None
+        with self._lock():
+            busy = self.running_sweeps()
+            if busy:
+                raise HousekeepingError(
+                    f"{self.root}: a sweep is running on this folder ({busy[0]}"
+                    f"{f' and {len(busy) - 1} more' if len(busy) > 1 else ''}): wait for it to "
+                    "end (a marker left by a sweep that died on another host: delete it)")
+            keys = self.folder_keys()
+            slugs = {s for s, k in keys.items() if str(k.env_tag) == env_tag}
+            slugs |= {s for s in storage.slugs()
+                      if _tag_of(storage.name_at(s)) == env_tag}
+            if not slugs:
+                tags = sorted({str(k.env_tag) for k in keys.values()})
+                raise HousekeepingError(
+                    f"env_tag={env_tag}: no such tag in {self.root}; it holds "
+                    f"{', '.join(tags) if tags else 'no trials'}")
+            if target is not None and target.exists():
+                raise HousekeepingError(f"{target} exists: that tag was archived before; "
+                                        "move that folder away first")
+            aside = Path(tempfile.mkdtemp(dir=self.root, prefix=".taking-"))
+            (aside / "rows").mkdir()
+            (aside / JOURNALS).mkdir()
+            files = 0
+            for slug in sorted(slugs):
+                rows = self.root / "rows" / slug
+                if rows.is_dir():
+                    files += sum(1 for _ in rows.glob("*.json"))
+                    os.rename(rows, aside / "rows" / slug)
+                journal = storage.folder / f"{slug}.journal"
+                if journal.exists():
+                    os.rename(journal, aside / JOURNALS / journal.name)
+            self._rebuild_locked(tuner.Ledger(tuner.Journals(storage.folder)), False)
+            if target is not None:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(aside, target)
+            else:
+                shutil.rmtree(aside)
+        return len(slugs), files, target
 
     def recommendations(self) -> list[dict[str, Any]]:
         """recommendations.csv as dicts (``records.Recommendation``: a table of an older
         version reads with defaults, one of a newer version raises ``ResultsTooNew``)."""
         path = self.root / "recommendations.csv"
-        if not path.exists():
-            return []
-        import pandas as pd
-
         try:
-            frame = pd.read_csv(path, dtype={k: str for k in ("cluster", "model", "runner",
-                                                               "env_tag", "pareto")})
-        except pd.errors.EmptyDataError:  # written by an older version with nothing ranked
+            with open(path, newline="") as handle:
+                recs = [{k: _read_cell(k, v) for k, v in r.items()}
+                        for r in csv.DictReader(handle)]
+        except FileNotFoundError:
             return []
-        recs = json.loads(frame.to_json(orient="records"))
         return [Recommendation.from_dict(r, where=str(path)).to_dict() for r in recs]
+
+
+_TEXT_CELLS = frozenset({"cluster", "model", "runner", "env_tag", "comm_type", "runner_up",
+                         "missing", "pareto"})
+
+
+def _read_cell(column: str, cell: Optional[str]) -> Any:
+    """A table cell as the value it was written from (``csv_cell``): empty is None; text
+    columns stay text; True/False, integers and floats (``1073741824.0``, as an older
+    table's pandas wrote it, reads as a float) are parsed. The csv module, not pandas:
+    ``recommend`` reads this one file, and importing pandas was most of its second."""
+    if cell is None or cell == "":
+        return None
+    if column in _TEXT_CELLS:
+        return cell
+    if cell in ("True", "False"):
+        return cell == "True"
+    for kind in (int, float):
+        try:
+            return kind(cell)
+        except ValueError:
+            pass
+    return cell
+
+
+LEGACY_JOURNAL = "optuna.journal"  # the single journal of folders written before issue 20
+JOURNALS = "journals"  # one journal per sweep key: journals/<slug>.journal
+TABLES_INDEX = ".tables.json"  # where each key's lines lie in the tables (a cache)
+TABLES_INDEX_VERSION = 1
+SWEEPS = "sweeps"  # sweeps/<host>-<pid>-<n>.running: a sweep is running on the folder
+ARCHIVE = "archive"  # archive/<env_tag>/: a tag's keys that ``results archive`` moved
+
+
+class HousekeepingError(HcpError):
+    """``results drop`` / ``results archive`` cannot do what was asked (bad input, a
+    sweep running): one line for the user."""
+
+
+RACY_NS = 2_000_000_000  # a time this recent may not yet show a write made in its tick
+
+
+def _settled(stat: Optional[list[int]]) -> Optional[list[int]]:
+    """A key's (journal size, journal time, row folder time) as the index keeps it, or
+    None when a time is within ``RACY_NS`` of now: a file system stamps times in coarse
+    ticks, so a row file written in the same tick as the snapshot would leave the folder's
+    time unchanged; such a key is derived again by the next update, whatever it shows."""
+    if stat is None or max(stat[1], stat[2]) > time.time_ns() - RACY_NS:
+        return None
+    return stat
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tag_of(study_name: Optional[str]) -> Optional[str]:
+    """The env tag in a study's name (``SweepKey.name``: ``field=value|...``)."""
+    if not study_name:
+        return None
+    fields = dict(part.partition("=")[::2] for part in study_name.split("|"))
+    return fields.get("env_tag")
+
+
+def csv_cell(v: Any) -> Any:
+    """A table cell's text from the value alone: empty for None or NaN, ``repr`` for a
+    float (``0.05``, ``2.0``), ``str`` for the rest. (pandas formatted a column's floats
+    from the whole column, so one row's text depended on the others.)"""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    return v if isinstance(v, str) else str(v)
+
+
+def csv_line(values: list[Any]) -> str:
+    """One CSV line (minimal quoting, ``\n``), each cell by ``csv_cell``."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow([csv_cell(v) for v in values])
+    return buf.getvalue()
+
+
+def _quoted(cell: str) -> str:
+    """One cell as ``csv_line`` writes it among others (minimal quoting)."""
+    if any(ch in cell for ch in ',"\n\r'):
+        return '"' + cell.replace('"', '""') + '"'
+    return cell
+
+
+def _entry(rows: list[dict[str, Any]], pareto: str) -> dict[str, Any]:
+    """A key's part of the tables: its rows as text (each row's trials.csv columns, and
+    its extra fields, whose columns are known once every key is derived), its
+    recommendation's line and sort order, and its rows' extra columns in order."""
+    recs = recommendations(rows, {SweepKey.of(rows[0]).name: pareto}) if rows else []
+    order = str(tuple(key_field(recs[0], k) for k in KEY_FIELDS)) if recs else ""
+    return {"rows": [(csv_line([r.get(c) for c in TRIAL_COLUMNS])[:-1],
+                      {k: v for k, v in r.items() if k not in TRIAL_COLUMNS}) for r in rows],
+            "rec": csv_line([recs[0][c] for c in RECOMMENDATION_COLUMNS]) if recs else "",
+            "order": order,
+            "extras": list(dict.fromkeys(k for r in rows for k in r if k not in TRIAL_COLUMNS))}
 
 
 def _nan(v: Any) -> bool:

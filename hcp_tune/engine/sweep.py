@@ -157,7 +157,6 @@ class Sweeper:
 
     def __init__(self, cfg: SweepConfig, reporter: Any, *,
                  only: Optional[dict[tuple[int, int], set[int]]] = None) -> None:
-        from hcp_tune.engine import tuner
 
         runner = cfg.runner.name
         if runner not in ("attention", "bridge"):
@@ -177,10 +176,12 @@ class Sweeper:
         # contention, not the layouts. GPU trials get their own nodes and run in parallel.
         self.slots = budget.job_slots(cfg)
         self.early_stop = cfg.search.early_stop
-        storage = cfg.search.storage or str(cfg.results_dir / "optuna.journal")
-        self.storage = tuner.open_storage(storage)
+        # search.storage: one storage for every key; by default one journal per key under
+        # results/journals/, each replayed only when its key is planned or swept
+        self.storage = self.store.ledger(cfg.search.storage)
         self.only = only  # (tp, seq) -> the a2a sizes to measure; None: every kept layout
         self.planned: Optional[SweepPlan] = None  # set by plan()
+        self.marker: Optional[Path] = None  # results/sweeps/<host>-<pid>-*.running
         self.studies: dict[SweepKey, Any] = {}  # one tuner.LayoutStudy per key
         # (tp, seq, a2a) -> budget.TrialCost, from the plan: the budget's per-trial estimate
         self.costs: dict[tuple[int, int, int], Any] = {}
@@ -202,6 +203,8 @@ class Sweeper:
         from hcp_tune.costmodel import predict
         from hcp_tune.engine import tuner
 
+        if self.marker is None:  # `results drop|archive` waits for the end of this sweep
+            self.marker = self.store.mark_sweep()
         # only the planned keys' rows: reading each key's folder costs what the key holds,
         # where reading the whole folder cost every stored trial (on every resume)
         kept_keys = kept_by_key(self.cfg)
@@ -555,17 +558,20 @@ class Sweeper:
         self.reporter.start(len(self.queue) + sum(len(r.members) for r in self.running),
                             self.summary)
         try:
-            while self.queue or self.running:
-                self.fill()
-                self.poll()
-                if self.running:
-                    time.sleep(POLL_INTERVAL_S)  # orchestrator's polling cadence
-        except KeyboardInterrupt:
-            self.cancel_all()
-            self.store.rebuild(self.storage)
-            raise
+            try:
+                while self.queue or self.running:
+                    self.fill()
+                    self.poll()
+                    if self.running:
+                        time.sleep(POLL_INTERVAL_S)  # orchestrator's polling cadence
+            except KeyboardInterrupt:
+                self.cancel_all()
+                self.store.rebuild(self.storage)
+                raise
+            finally:
+                self.reporter.stop()
+            self.store.rebuild(self.storage)  # row files and tables, as views of the studies
         finally:
-            self.reporter.stop()
-        self.store.rebuild(self.storage)  # row files and tables, as views of the studies
+            self.store.unmark_sweep(self.marker)
         self.summary.recommendations = self.store.recommendations()
         return self.summary

@@ -2,9 +2,10 @@
 
 The layout space is small (the divisors of CP), so every kept layout is measured: each is
 enqueued and asked for in order (best-predicted first when the cost model ordered them).
-Two objectives, step time and peak memory, both minimised. The studies live in a journal
-file under ``results/`` (safe on a cluster's shared file system), or in any optuna storage
-URL. A study records what was asked, submitted (job id, for re-attachment) and returned:
+Two objectives, step time and peak memory, both minimised. Each study lives in its own
+journal file under ``results/journals/`` (``Journals``: safe on a cluster's shared file
+system, and replayed only when its key is used), or every study in one optuna storage
+(an RDB URL or one journal file). A study records what was asked, submitted (job id, for re-attachment) and returned:
 on ``tell`` the trial's whole row rides on it as user attributes (``row_attrs``), with
 its state: ok -> COMPLETE (values: median step s, peak memory bytes), pruned or skipped
 -> PRUNED, failed / invalid / cancelled -> FAIL; ``status`` and ``failure_class`` say
@@ -25,7 +26,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from hcp_tune.engine.records import row_text
+from hcp_tune.engine.records import name_slug, row_text
 from hcp_tune.spec import Status
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -39,9 +40,72 @@ ERROR_ATTR_CHARS = 200
 METRIC_NAMES = ("median_step_s", "peak_mem_bytes")  # a trial's two values  # the error's first line, shown as its own attribute
 
 
+class Journals:
+    """The ledger of a results folder: one optuna journal file per study (per sweep key),
+    ``<folder>/<slug>.journal`` (the slug of the study's name, as the key's row folder),
+    each opened only when its study is asked for. Opening a journal replays it, so a
+    command pays for the keys it touches, not for every trial the folder ever stored."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self._open: dict[str, Any] = {}
+
+    def path(self, name: str) -> Path:
+        return self.folder / f"{name_slug(name)}.journal"
+
+    def get(self, name: str) -> Any:
+        """The storage holding study ``name`` (opened once, replayed on first use)."""
+        storage = self._open.get(name)
+        if storage is None:
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            self.folder.mkdir(parents=True, exist_ok=True)
+            storage = JournalStorage(JournalFileBackend(str(self.path(name))))
+            self._open[name] = storage
+        return storage
+
+    def forget(self, name: str) -> None:
+        """Let go of study ``name``'s replayed journal (its memory); opened again on use."""
+        self._open.pop(name, None)
+
+    def slugs(self) -> list[str]:
+        return sorted(p.stem for p in self.folder.glob("*.journal"))
+
+    def name_at(self, slug: str) -> Optional[str]:
+        """The name of the study in ``<slug>.journal``, read from its first operation
+        (which creates the study) without replaying the journal; None without one."""
+        try:
+            with open(self.folder / f"{slug}.journal", "rb") as handle:
+                first = json.loads(handle.readline() or b"{}")
+        except (OSError, json.JSONDecodeError):
+            return None  # none, or damaged: not a study this ledger wrote
+        if isinstance(first, dict) and first.get("op_code") == 0 \
+                and isinstance(first.get("study_name"), str):
+            return first["study_name"]
+        return None
+
+    def names(self) -> list[str]:
+        """Every study's name (one line read per journal; none replayed)."""
+        found = (self.name_at(p.stem) for p in self.folder.glob("*.journal"))
+        return sorted(n for n in found if n is not None)
+
+
+def storage_for(storage: Any, name: str) -> Any:
+    """The optuna storage that holds study ``name``: its journal in a ``Journals``, else
+    ``storage`` itself (an RDB URL's storage, or one journal file, holds every study)."""
+    return storage.get(name) if isinstance(storage, Journals) else storage
+
+
+def copy_study(from_storage: Any, name: str, to_storage: Any) -> None:
+    """Study ``name`` with every trial (running ones too, numbers kept) into another
+    storage: how an older folder's single journal is split into per-key journals."""
+    optuna.copy_study(from_study_name=name, from_storage=from_storage, to_storage=to_storage)
+
+
 def open_storage(url_or_path: Any) -> Any:
     """An RDB URL (``sqlite:///x.db``, ``postgresql://...``) or a journal file path; a
-    storage object is returned as it is."""
+    storage object (or ``Journals``) is returned as it is."""
     if not isinstance(url_or_path, (str, Path)):
         return url_or_path
     url_or_path = str(url_or_path)
@@ -106,6 +170,7 @@ class LayoutStudy:
 
     def __init__(self, storage: Any, name: str, kept_a2a: list[int]) -> None:
         self.kept = list(kept_a2a)
+        storage = storage_for(storage, name)
         self.study = optuna.create_study(
             storage=storage, study_name=name, directions=["minimize", "minimize"],
             load_if_exists=True,
@@ -252,16 +317,23 @@ def pareto_layouts(study: optuna.Study) -> list[tuple[int, int]]:
 
 
 class Ledger:
-    """Every study in one storage, read as the rows its trials hold."""
+    """Every study in one storage (or one ``Journals``), read as the rows its trials hold."""
 
     def __init__(self, storage: Any) -> None:
         self.storage = open_storage(storage)
 
     def names(self) -> list[str]:
+        if isinstance(self.storage, Journals):
+            return self.storage.names()
         return sorted(optuna.get_all_study_names(self.storage))
 
+    def has(self, name: str) -> bool:
+        if isinstance(self.storage, Journals):
+            return self.storage.name_at(name_slug(name)) == name
+        return name in self.names()
+
     def study(self, name: str) -> optuna.Study:
-        return optuna.load_study(study_name=name, storage=self.storage)
+        return optuna.load_study(study_name=name, storage=storage_for(self.storage, name))
 
     def rows(self, names: Optional[list[str]] = None) -> dict[tuple[str, str], str]:
         """(study name, trial id) -> row text; of several trials with one id (a layout

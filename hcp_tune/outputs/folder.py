@@ -1,8 +1,8 @@
 """``results``: what a results folder holds, per env tag: its keys, stored trials and bytes.
 
 Read from the row folders alone (``ResultStore.folder_keys``: one row per key folder names
-its key; a folder's files are its trials), never the optuna journal, whose replay grows with
-every trial ever stored: the answer costs a directory listing, not the folder's history.
+its key; a folder's files are its trials), never the optuna journals, whose replay grows
+with every trial stored: the answer costs a directory listing, not the folder's history.
 No torch, no pandas.
 """
 from __future__ import annotations
@@ -15,6 +15,8 @@ from hcp_tune.outputs.regress import RegressError
 from hcp_tune.outputs.regress_cli import parse_args
 
 RESULTS_KEYS = ("results_dir", "format")
+TAKE_ACTIONS = ("drop", "archive")  # results drop|archive env_tag=X [results_dir=PATH]
+TAKE_KEYS = ("env_tag", "results_dir")
 
 
 @dataclass
@@ -46,10 +48,11 @@ def summarize(results_dir: Path) -> dict:
         s.clusters = sorted({*s.clusters, str(key.cluster)})
         s.models = sorted({*s.models, str(key.model)})
     total = sum(p.stat().st_size for p in results_dir.rglob("*") if p.is_file())
-    journal = results_dir / "optuna.journal"
+    # the ledger: one journal per key (journals/), or an older folder's single journal
+    journals = [*(results_dir / "journals").glob("*.journal"), results_dir / "optuna.journal"]
     return {"results_dir": str(results_dir),
             "tags": [asdict(tags[t]) for t in sorted(tags)],
-            "journal_bytes": journal.stat().st_size if journal.is_file() else 0,
+            "journal_bytes": sum(p.stat().st_size for p in journals if p.is_file()),
             "other_bytes": total - row_bytes, "total_bytes": total}
 
 
@@ -58,11 +61,10 @@ def _mb(n: int) -> str:
 
 
 def cmd_results(args: list[str]) -> int:
+    if args and args[0] in TAKE_ACTIONS:
+        return cmd_take(args[0], args[1:])
     a = parse_args("results", args, RESULTS_KEYS)
-    results_dir = Path(a.get("results_dir", "results")).resolve()
-    if not results_dir.is_dir():
-        raise RegressError(f"results_dir={results_dir}: no such folder; give the folder a "
-                           "sweep wrote (results_dir=PATH)")
+    results_dir = _folder(a)
     fmt = a.get("format", "table")
     if fmt not in ("table", "json"):
         raise RegressError(f"format={fmt!r}: expected table or json")
@@ -78,4 +80,31 @@ def cmd_results(args: list[str]) -> int:
     for t in doc["tags"]:
         print(f"{t['env_tag']:<24} {t['keys']:>6} {t['trials']:>8} {_mb(t['bytes']):>10}  "
               f"{', '.join(t['clusters'])} / {', '.join(t['models'])}")
+    return 0
+
+
+def _folder(a: dict[str, str]) -> Path:
+    results_dir = Path(a.get("results_dir", "results")).resolve()
+    if not results_dir.is_dir():
+        raise RegressError(f"results_dir={results_dir}: no such folder; give the folder a "
+                           "sweep wrote (results_dir=PATH)")
+    return results_dir
+
+
+def cmd_take(action: str, args: list[str]) -> int:
+    """``results drop env_tag=X`` deletes a tag's trials (row files and journals) and
+    their table lines; ``results archive env_tag=X`` moves them to
+    ``<results_dir>/archive/X/`` (a results folder of its own). Both hold the folder's
+    lock and refuse while a sweep runs on it (``ResultStore.take_tag``)."""
+    from hcp_tune.engine.store import ResultStore
+
+    a = parse_args(f"results {action}", args, TAKE_KEYS)
+    results_dir = _folder(a)
+    if "env_tag" not in a:
+        raise RegressError(f"results {action}: which tag? give env_tag=TAG (see: results "
+                           f"results_dir={results_dir})")
+    keys, files, where = ResultStore(results_dir).take_tag(a["env_tag"], action == "archive")
+    done = f"archived to {where}" if where else "dropped"
+    print(f"env_tag={a['env_tag']}: {keys} key(s), {files} trial row(s) {done}; the tables "
+          "no longer list them")
     return 0

@@ -58,6 +58,24 @@ def _rows(results_dir: Path, env_tags: Optional[set[str]] = None) -> list[dict]:
     return rows
 
 
+def _every_key(results_dir: Path, pick: dict) -> list:
+    """``report.summarize`` of every stored key, reading one key folder at a time (the
+    folder's rows are dropped once summarised: memory holds one key's rows, not every
+    row the folder ever stored), in the key order one call over every row gives."""
+    from hcp_tune.engine.records import KEY_FIELDS
+    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.outputs import report
+
+    store = ResultStore(results_dir)
+    slugs = store.folder_keys()
+    if not slugs:
+        _rows(results_dir)  # raises: nothing stored there
+    profiles: dict = {}
+    keys = [k for slug in slugs for k in report.summarize(
+        store.slug_rows(slug), **pick, profiles=profiles)]
+    return sorted(keys, key=lambda k: str(tuple(k.key.get(f) for f in KEY_FIELDS)))
+
+
 def _flag(args: dict[str, str], key: str, default: bool) -> bool:
     value = args.get(key, str(default)).lower()
     if value not in ("true", "false"):
@@ -139,9 +157,12 @@ def cmd_report(args: list[str]) -> int:
 
     a = parse_args("report", args, REPORT_KEYS)
     results_dir = Path(a.get("results_dir", "results")).resolve()
-    rows = _rows(results_dir, {a["env_tag"]} if "env_tag" in a else None)
-    keys = report.summarize(rows, results_dir=results_dir, env_tag=a.get("env_tag"),
-                            cluster=a.get("cluster"), model=a.get("model"))
+    pick = {"results_dir": results_dir, "env_tag": a.get("env_tag"),
+            "cluster": a.get("cluster"), "model": a.get("model")}
+    if "env_tag" in a:
+        keys = report.summarize(_rows(results_dir, {a["env_tag"]}), **pick)
+    else:
+        keys = _every_key(results_dir, pick)
     if not keys:
         tags = sorted({str(r.get("env_tag")) for r in _rows(results_dir)})
         raise RegressError(f"no stored trials match {' '.join(f'{k}={a[k]}' for k in a if k in ('env_tag', 'cluster', 'model'))}"

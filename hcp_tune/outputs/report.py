@@ -6,7 +6,8 @@ measured step of those trials (the spread), and the cost model's prediction for 
 layout (``calibrate.fit_report``: the attention-layer model for ``runner=attention`` rows, the
 training-step model for ``bridge``; calibrated parameters when stored for the cluster and
 tag). The **Pareto front** is the set of layouts no other layout beats on both step time
-and peak memory. Reads ``ResultStore(results_dir).rows()`` only; no torch, no pandas.
+and peak memory. Reads the stored rows only (a key folder at a time for every key); no
+torch, no pandas.
 """
 from __future__ import annotations
 
@@ -107,7 +108,11 @@ def _predict(key: dict[str, Any], layouts: list[LayoutSummary], results_dir,
 
 def summarize(rows: list[dict[str, Any]], *, results_dir=None, env_tag: Optional[str] = None,
               cluster: Optional[str] = None, model: Optional[str] = None,
-              predictions: bool = True) -> list[KeySummary]:
+              predictions: bool = True,
+              profiles: Optional[dict[tuple[str, str], Any]] = None) -> list[KeySummary]:
+    """Per key of ``rows`` (filtered by ``env_tag``, ``cluster``, ``model``), its layouts'
+    statistics, in key order. ``profiles``: the (cluster, model) profiles loaded so far,
+    shared by the calls of one report that summarises a key at a time."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         if (env_tag and r.get("env_tag") != env_tag or cluster and r.get("cluster") != cluster
@@ -115,7 +120,8 @@ def summarize(rows: list[dict[str, Any]], *, results_dir=None, env_tag: Optional
             continue
         groups.setdefault(tuple(r.get(k) for k in KEY_FIELDS), []).append(r)
     out = []
-    profiles: dict[tuple[str, str], Any] = {}  # each (cluster, model) loaded once (``_predict``)
+    if profiles is None:  # each (cluster, model) loaded once (``_predict``)
+        profiles = {}
     for key, key_rows in sorted(groups.items(), key=lambda kv: str(kv[0])):
         by_layout: dict[int, list[dict[str, Any]]] = {}
         not_ok: dict[str, int] = {}

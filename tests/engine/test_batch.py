@@ -14,6 +14,7 @@ from helpers import (
     TINY,
     ctrl_c_once_submitted,
     hcp,
+    journal_text,
     kill_after_first_row_and_resume,
     make_spec,
     per_layout,
@@ -125,12 +126,11 @@ def test_job_cancelled_from_outside_is_cancelled_and_measured_again(slurm_cluste
     res = tmp_path / "results"
     args = ["sweep", "cp=2", "seq=256", *BATCH, "executor=slurm", f"results_dir={res}"]
     proc = start(*args[:-2], "runner.measure_steps=100000", *args[-2:])
-    journal = res / "optuna.journal"
     progress = res / "progress"
     wait_for(lambda: progress.exists() and any(p.stat().st_size for p in progress.glob("*.jsonl")),
              what="a trial measuring")
     job_ids = {json.loads(line).get("user_attr", {}).get("job_id")
-               for line in journal.read_text().splitlines() if "job_id" in line}
+               for line in journal_text(res).splitlines() if "job_id" in line}
     job_ids.discard(None)
     assert job_ids
     subprocess.run(["scancel", *job_ids], check=True)  # as an administrator or preemption

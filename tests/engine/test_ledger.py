@@ -110,7 +110,7 @@ def test_an_older_folder_of_row_files_is_imported_once(tmp_path):
         store.add(r, KEY)
     store.rebuild()
     store.rebuild()
-    study = Ledger(root / "optuna.journal").study(KEY.name)
+    study = Ledger(ResultStore(root).ledger()).study(KEY.name)
     trials = study.get_trials()
     assert sorted(t.user_attrs["trial_id"] for t in trials) == sorted(r["trial_id"] for r in rows)
     assert all(t.user_attrs["imported"] for t in trials)
@@ -120,17 +120,17 @@ def test_an_older_folder_of_row_files_is_imported_once(tmp_path):
 
 def test_a_row_written_just_before_the_orchestrator_died_completes_its_trial(tmp_path):
     root = tmp_path / "res"
-    study = LayoutStudy(open_storage(str(root / "optuna.journal")), KEY.name, [1, 2, 4])
+    study = LayoutStudy(ResultStore(root).ledger(), KEY.name, [1, 2, 4])
     number, trial_id, _ = study.ask(2, KEY.slug)
     study.submitted(number, "42", "local", "/jobs")
     r = make_row(2, 1.0)
     r["trial_id"] = trial_id
     ResultStore(root).add(r, KEY)  # killed here, before tell
     ResultStore(root).rebuild()
-    (t,) = Ledger(root / "optuna.journal").study(KEY.name).get_trials()
+    (t,) = Ledger(ResultStore(root).ledger()).study(KEY.name).get_trials()
     assert t.number == number and t.state.name == "COMPLETE" and t.user_attrs["job_id"] == "42"
     study.tell(number, Status.OK, None, row=r)  # its orchestrator tells late: no second trial
-    assert len(Ledger(root / "optuna.journal").study(KEY.name).get_trials()) == 1
+    assert len(Ledger(ResultStore(root).ledger()).study(KEY.name).get_trials()) == 1
 
 
 def test_a_long_error_and_step_list_survive_an_rdb_storage(tmp_path):
@@ -252,7 +252,7 @@ def test_optuna_sees_a_plain_study_per_key(tmp_path):
 def test_an_older_folder_with_its_job_id_journal_is_imported_without_doubling_the_front(tmp_path):
     """The previous version told the study only states and values, beside the row files."""
     root = tmp_path / "res"
-    study = LayoutStudy(open_storage(str(root / "optuna.journal")), KEY.name, [1, 2, 4])
+    study = LayoutStudy(ResultStore(root).ledger(), KEY.name, [1, 2, 4])
     for r in (make_row(1, 2.0, mem=100), make_row(2, 1.0, mem=500), make_row(4, 3.0, mem=600)):
         number, r["trial_id"], _ = study.ask(r["a2a"], KEY.slug)
         study.submitted(number, "7", "local", "/jobs")
@@ -260,7 +260,7 @@ def test_an_older_folder_with_its_job_id_journal_is_imported_without_doubling_th
         study.tell(number, Status.OK, (r["median_s"], float(r["peak_mem_bytes"])))
     for _ in range(2):
         ResultStore(root).rebuild()
-    trials = Ledger(root / "optuna.journal").study(KEY.name).get_trials()
+    trials = Ledger(ResultStore(root).ledger()).study(KEY.name).get_trials()
     assert len(trials) == 6 and sum(bool(t.user_attrs.get("imported")) for t in trials) == 3
     (rec,) = ResultStore(root).recommendations()
     assert rec["pareto"] == "[1,4] [2,2]"

@@ -19,7 +19,7 @@ def _gen():
 
 def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in ("optuna.journal", ".lock")}
+            if p.is_file() and p.suffix != ".journal" and p.name not in (".lock", ".tables.json")}
 
 
 def _ops(journal: Path) -> list[dict]:
@@ -40,12 +40,16 @@ def test_the_bulk_folder_is_the_real_write_paths_folder(tmp_path):
     real, bulk = tmp_path / "real", tmp_path / "bulk"
     gen.write_real(real, key_list, 12)
     gen.write_bulk(bulk, key_list, 12)
-    assert _ops(bulk / "optuna.journal") == _ops(real / "optuna.journal")
+    journals = sorted(p.name for p in (real / "journals").glob("*.journal"))
+    assert journals == sorted(p.name for p in (bulk / "journals").glob("*.journal"))
+    assert len(journals) == 6  # one per key
+    for name in journals:
+        assert _ops(bulk / "journals" / name) == _ops(real / "journals" / name)
     assert _tree(bulk) == _tree(real)  # the row files, before any rebuild
     for root in (real, bulk):
         ResultStore(root).rebuild()
     assert _tree(bulk) == _tree(real)  # rows, trials.csv, recommendations.csv
-    assert Ledger(bulk / "optuna.journal").rows() == Ledger(real / "optuna.journal").rows()
+    assert Ledger(ResultStore(bulk).ledger()).rows() == Ledger(ResultStore(real).ledger()).rows()
     statuses = {r["status"] for r in ResultStore(bulk).rows()}
     assert statuses == {"ok", "failed", "pruned"}
     recs = ResultStore(bulk).recommendations()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from helpers import rows_for, store  # noqa: E402
 
+from hcp_tune.engine.store import ResultStore  # noqa: E402
 from hcp_tune.outputs import folder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,3 +69,82 @@ def test_results_never_opens_the_journal_nor_imports_torch_or_pandas(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "1 trial(s) in 1 key(s)" in r.stdout
+
+
+def _two_tags(root):
+    """A folder of two tags, its rows imported into per-key journals by a rebuild."""
+    rows = (rows_for("night-1", 1, 2, [1.0, 1.1]) + rows_for("night-1", 2, 1, [1.2], seq=8192)
+            + rows_for("night-2", 1, 2, [1.0, 1.3]))
+    store(root, rows)
+    ResultStore(root).rebuild()
+    return rows
+
+
+def _tables(root):
+    return {n: (root / n).read_bytes() for n in ("trials.csv", "recommendations.csv")}
+
+
+def test_archive_moves_a_tags_keys_aside_and_the_tables_forget_them(tmp_path):
+    root = tmp_path / "res"
+    _two_tags(root)
+    out = hcp("results", "archive", "env_tag=night-1", f"results_dir={root}")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (f"env_tag=night-1: 2 key(s), 3 trial row(s) archived to "
+                                  f"{root / 'archive' / 'night-1'}; the tables no longer list them")
+    assert {r["env_tag"] for r in ResultStore(root).rows()} == {"night-2"}
+    assert len(list((root / "journals").glob("*.journal"))) == 1
+    assert "night-1" not in (root / "trials.csv").read_text()
+    kept = _tables(root)
+    ResultStore(root).rebuild_all()
+    assert _tables(root) == kept  # what a rebuild of what is left writes
+    archived = root / "archive" / "night-1"  # a results folder of its own
+    ResultStore(archived).rebuild()
+    assert sorted(r["median_s"] for r in ResultStore(archived).rows()) == [1.0, 1.1, 1.2]
+    assert len(ResultStore(archived).recommendations()) == 2
+
+
+def test_drop_deletes_a_tags_trials(tmp_path):
+    root = tmp_path / "res"
+    _two_tags(root)
+    out = hcp("results", "drop", "env_tag=night-2", f"results_dir={root}")
+    assert out.returncode == 0 and "1 key(s), 2 trial row(s) dropped" in out.stdout
+    assert {r["env_tag"] for r in ResultStore(root).rows()} == {"night-1"}
+    assert not (root / "archive").exists() and not list(root.glob(".taking-*"))
+    assert [r["env_tag"] for r in ResultStore(root).recommendations()] == ["night-1"] * 2
+
+
+def test_drop_refuses_while_a_sweep_runs_and_ignores_a_dead_sweeps_marker(tmp_path):
+    root = tmp_path / "res"
+    _two_tags(root)
+    store_ = ResultStore(root)
+    marker = store_.mark_sweep()  # this process: alive
+    out = hcp("results", "drop", "env_tag=night-1", f"results_dir={root}")
+    assert out.returncode == 2 and "a sweep is running on this folder" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert len(ResultStore(root).rows()) == 5  # nothing touched
+    store_.unmark_sweep(marker)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (root / "sweeps" / f"{os.uname().nodename}-{dead}-x.running").write_text(json.dumps(
+        {"host": os.uname().nodename, "pid": int(dead), "argv": []}))  # killed with SIGKILL
+    out = hcp("results", "drop", "env_tag=night-1", f"results_dir={root}")
+    assert out.returncode == 0, out.stderr
+    assert not list((root / "sweeps").glob("*.running"))
+
+
+def test_drop_and_archive_bad_input_is_one_line_exit_2(tmp_path):
+    root = tmp_path / "res"
+    _two_tags(root)
+    (root / "archive" / "night-2").mkdir(parents=True)
+    for args, message in ((["drop", f"results_dir={root}"], "give env_tag=TAG"),
+                          (["drop", "env_tag=nope", f"results_dir={root}"],
+                           "no such tag in " + str(root) + "; it holds night-1, night-2"),
+                          (["archive", "env_tag=night-2", f"results_dir={root}"],
+                           "that tag was archived before"),
+                          (["drop", "env_tag=x", f"results_dir={tmp_path / 'nope'}"],
+                           "no such folder"),
+                          (["archive", "tag=x"], "results archive takes key=value")):
+        out = hcp("results", *args)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert len(ResultStore(root).rows()) == 5

@@ -22,3 +22,22 @@ def test_unmeasured_memory_is_never_on_the_front_and_beats_nothing():
     only = [layout(1, 0.5, None), layout(2, 1.0, None)]
     pareto(only)
     assert not any(s.pareto for s in only)
+
+
+def test_a_report_of_every_key_read_a_key_folder_at_a_time_is_the_same_page(tmp_path):
+    """``report`` without env_tag summarises one key folder at a time (memory: one key's
+    rows); the page equals the one summarised from every row at once."""
+    from helpers import rows_for, store
+
+    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.outputs import html_report, report
+    from hcp_tune.outputs.regress_cli import _every_key
+
+    root = store(tmp_path / "res", rows_for("b", 1, 2, [1.0, 1.2]) + rows_for("a", 2, 1, [0.9])
+                 + rows_for("a", 1, 2, [1.1, 1.0], seq=8192)
+                 + rows_for("c", 1, 2, [1.0], model="tiny-gqa"))
+    pick = {"results_dir": root, "env_tag": None, "cluster": None, "model": None}
+    at_once = report.summarize(ResultStore(root).rows(), **pick)
+    by_key = _every_key(root, pick)
+    assert len(by_key) == 4 and [k.key for k in by_key] == [k.key for k in at_once]
+    assert html_report.report_page(by_key, "t") == html_report.report_page(at_once, "t")
