@@ -269,3 +269,46 @@ class Verification:
         return cls(kind="attention",
                    groups_match=bool((evidence.get("groups") or {}).get("match")),
                    numerics_passed=bool((evidence.get("numerics") or {}).get("passed")))
+
+
+@dataclass(frozen=True)
+class SweepKey:
+    """What a recommendation is for: one measured configuration of one software stack."""
+
+    cluster: str
+    model: str
+    tp: int
+    cp: int
+    seq: int
+    runner: str
+    env_tag: str
+    pp: int = 1
+    dp: int = 1
+    mbs: int = 1
+    micro_batches: int = 1
+
+    @property
+    def name(self) -> str:
+        # a field at its OLDER_ROW_DEFAULTS value is left out so that keys (and their slugs,
+        # row folders and optuna studies) stored before it joined the key stay the same
+        return "|".join(f"{k}={getattr(self, k)}" for k in KEY_FIELDS
+                        if getattr(self, k) != OLDER_ROW_DEFAULTS.get(k))
+
+    @property
+    def slug(self) -> str:
+        return name_slug(self.name)
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> "SweepKey":
+        """The key a row (or recommendation) belongs to, from its key fields."""
+        return cls(**{k: key_field(row, k) for k in KEY_FIELDS})
+
+    def holds(self, row: dict[str, Any]) -> bool:
+        """The row is one of this key's trials (selected by the key's fields, not an id)."""
+        return all(key_field(row, k) == getattr(self, k) for k in KEY_FIELDS)
+
+
+def key_rows(rows: list[dict[str, Any]], key: SweepKey) -> list[dict[str, Any]]:
+    """The rows (or recommendations) of one sweep key, selected by its fields: the one
+    selection every command uses (an older row's missing key fields read as their defaults)."""
+    return [r for r in rows if key.holds(r)]

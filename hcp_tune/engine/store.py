@@ -21,9 +21,11 @@ Layout of a results folder:
   the keys whose journal or row folder changed since the tables were written
   (``.tables.json``: a cache of each key's place in the tables and what it was derived
   from; without it, or when it does not match the tables, every key is derived).
-- ``sweeps/<host>-<pid>-*.running``: a sweep is running on the folder (``mark_sweep``);
-  ``results drop|archive env_tag=X`` (``take_tag``) refuses while one is, and moves an
-  archived tag to ``archive/<env_tag>/``, a results folder of its own.
+- ``sweeps/<host>-<pid>-*.running``: a sweep is running on the folder; ``results
+  drop|archive env_tag=X`` refuses while one is, and moves an archived tag to
+  ``archive/<env_tag>/``, a results folder of its own (``housekeeping``).
+
+The tables' text and ranking are ``tables``; the key and row schema ``records``.
 """
 from __future__ import annotations
 
@@ -31,35 +33,39 @@ import csv
 import fcntl
 import io
 import json
-import math
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from hcp_tune.costmodel.microbatch import tokens_per_gpu_s
 from hcp_tune.engine.records import (
     KEY_FIELDS,
-    OLDER_ROW_DEFAULTS,
     RECOMMENDATION_COLUMNS,
     ROW_SCHEMA,
     TRIAL_COLUMNS,
     Recommendation,
     ResultsTooNew,
+    SweepKey,
     TrialRow,
     Verification,
-    key_field,
+    key_rows,
     name_slug,
     row_text,
 )
-from hcp_tune.errors import HcpError
-from hcp_tune.noise import row_noise
+from hcp_tune.engine.tables import (  # rank, recommendations, missing_layouts: re-exported
+    csv_cell,
+    csv_line,
+    missing_layouts,
+    quoted_cell,
+    rank,
+    read_cell,
+    recommendations,
+    table_entry,
+)
 from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
 
 # The columns of trials.csv (``records.TrialRow``'s fields, in order; a row's extra
@@ -67,50 +73,8 @@ from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
 # recommendations.csv (``records.Recommendation``'s). Both files always have their header,
 # even when nothing was stored or ranked.
 __all__ = ["KEY_FIELDS", "TRIAL_COLUMNS", "RECOMMENDATION_COLUMNS", "ROW_SCHEMA",
-           "ResultsTooNew", "ResultStore", "SweepKey", "trial_row", "recommendations"]
-
-
-@dataclass(frozen=True)
-class SweepKey:
-    """What a recommendation is for: one measured configuration of one software stack."""
-
-    cluster: str
-    model: str
-    tp: int
-    cp: int
-    seq: int
-    runner: str
-    env_tag: str
-    pp: int = 1
-    dp: int = 1
-    mbs: int = 1
-    micro_batches: int = 1
-
-    @property
-    def name(self) -> str:
-        # a field at its OLDER_ROW_DEFAULTS value is left out so that keys (and their slugs,
-        # row folders and optuna studies) stored before it joined the key stay the same
-        return "|".join(f"{k}={getattr(self, k)}" for k in KEY_FIELDS
-                        if getattr(self, k) != OLDER_ROW_DEFAULTS.get(k))
-
-    @property
-    def slug(self) -> str:
-        return name_slug(self.name)
-
-    @classmethod
-    def of(cls, row: dict[str, Any]) -> "SweepKey":
-        """The key a row (or recommendation) belongs to, from its key fields."""
-        return cls(**{k: key_field(row, k) for k in KEY_FIELDS})
-
-    def holds(self, row: dict[str, Any]) -> bool:
-        """The row is one of this key's trials (selected by the key's fields, not an id)."""
-        return all(key_field(row, k) == getattr(self, k) for k in KEY_FIELDS)
-
-
-def key_rows(rows: list[dict[str, Any]], key: SweepKey) -> list[dict[str, Any]]:
-    """The rows (or recommendations) of one sweep key, selected by its fields: the one
-    selection every command uses (an older row's missing key fields read as their defaults)."""
-    return [r for r in rows if key.holds(r)]
+           "ResultsTooNew", "ResultStore", "SweepKey", "key_rows", "trial_row", "rank",
+           "recommendations", "missing_layouts", "csv_line", "csv_cell"]
 
 
 def single_run_fields(key: SweepKey, spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
@@ -176,7 +140,7 @@ class ResultStore:
         self.storage = storage
 
     @contextmanager
-    def _lock(self) -> Iterator[None]:
+    def lock(self) -> Iterator[None]:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".lock", "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -267,7 +231,7 @@ class ResultStore:
         if storage is not None:
             return tuner.open_storage(storage)
         if (self.root / LEGACY_JOURNAL).is_file() and not (self.root / JOURNALS).is_dir():
-            with self._lock():
+            with self.lock():
                 self._migrate()
         return tuner.Journals(self.root / JOURNALS)
 
@@ -317,11 +281,11 @@ class ResultStore:
         from hcp_tune.engine import tuner
 
         storage = self.ledger(storage or self.storage)
-        with self._lock():
-            self._rebuild_locked(tuner.Ledger(storage), everything)
+        with self.lock():
+            self.rebuild_locked(tuner.Ledger(storage), everything)
         return self.root / "trials.csv", self.root / "recommendations.csv"
 
-    def _rebuild_locked(self, ledger: Any, everything: bool) -> None:
+    def rebuild_locked(self, ledger: Any, everything: bool) -> None:
         """``rebuild``'s work; the caller holds the lock."""
         from hcp_tune.engine import tuner
 
@@ -381,7 +345,7 @@ class ResultStore:
             slugs = {*in_storage, *(journals.slugs() if journals else ()),
                      *(p.name for p in folders.iterdir() if p.is_dir())} \
                 if folders.is_dir() else {*in_storage, *(journals.slugs() if journals else ())}
-        out: dict[str, dict[str, Any]] = {s: _entry([], "") for s in slugs}
+        out: dict[str, dict[str, Any]] = {s: table_entry([], "") for s in slugs}
         for slug in sorted(slugs):
             on_disk: dict[Path, str] = {}
             by_name: dict[str, list[TrialRow]] = {}
@@ -408,7 +372,7 @@ class ResultStore:
                     views.append((path, row.to_dict()))
                 rows = [r for _, r in sorted(views, key=lambda v: v[0])]
                 if rows:
-                    out[name_slug(name)] = _entry(rows, ledger.pareto(name, {name}))
+                    out[name_slug(name)] = table_entry(rows, ledger.pareto(name, {name}))
                 if journals is not None:
                     journals.forget(name)
         return out
@@ -444,7 +408,7 @@ class ResultStore:
                     e = entries[slug]
                     if slug in derived or index is None:
                         data = "".join(
-                            base + "".join("," + _quoted(csv_cell(more.get(c))) for c in extras)
+                            base + "".join("," + quoted_cell(csv_cell(more.get(c))) for c in extras)
                             + "\n" for base, more in e.pop("rows")).encode()
                     else:
                         start, end = e["span"]
@@ -468,146 +432,23 @@ class ResultStore:
             "slugs": entries}, separators=(",", ":")))
 
     # ---------------------------------------------------------------- housekeeping
-    def mark_sweep(self) -> Path:
-        """Say a sweep runs on this folder (``sweeps/<host>-<pid>-<n>.running``, written
-        under the lock, so housekeeping that holds the lock either sees it or finishes
-        first); the sweep removes it when it ends (``unmark_sweep``)."""
-        with self._lock():
-            folder = self.root / SWEEPS
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, path = tempfile.mkstemp(dir=folder, prefix=f"{socket.gethostname()}-"
-                                        f"{os.getpid()}-", suffix=".running")
-            with os.fdopen(fd, "w") as handle:
-                json.dump({"host": socket.gethostname(), "pid": os.getpid(),
-                           "argv": sys.argv}, handle)
-        return Path(path)
-
-    @staticmethod
-    def unmark_sweep(marker: Optional[Path]) -> None:
-        if marker is not None:
-            marker.unlink(missing_ok=True)
-
-    def running_sweeps(self) -> list[str]:
-        """The sweeps that may be running on this folder: every marker but those of this
-        host whose process is gone (a sweep killed with SIGKILL; those are removed). A
-        marker from another host cannot be checked from here: it counts as running."""
-        out = []
-        for path in sorted((self.root / SWEEPS).glob("*.running")):
-            try:
-                mark = json.loads(path.read_text())
-                host, pid = str(mark["host"]), int(mark["pid"])
-            except (OSError, ValueError, KeyError, TypeError):
-                out.append(f"{path} (unreadable)")
-                continue
-            if host == socket.gethostname() and not _alive(pid):
-                path.unlink(missing_ok=True)
-                continue
-            out.append(f"{path} (pid {pid} on {host})")
-        return out
-
-    def take_tag(self, env_tag: str, archive: bool) -> tuple[int, int, Optional[Path]]:
-        """Remove an env tag's keys from the folder: their row folders and journals, then
-        their lines of the tables. ``archive``: moved to ``archive/<env_tag>/`` (itself a
-        results folder: ``report results_dir=<it>`` reads it), else deleted. Under the
-        lock; refused (``HousekeepingError``) while a sweep runs on the folder or when the
-        folder holds no such tag. The keys are first moved aside in one folder and the
-        tables rewritten without them; a command killed part way leaves that folder
-        (``.taking-*``) for a person to look at, never a half-dropped key.
-        Returns (keys, row files, where archived)."""
-        from hcp_tune.engine import tuner
-
-        storage = self.ledger()
-        if not isinstance(storage, tuner.Journals):  # (ledger() without a storage: never)
-            raise HousekeepingError("this folder's ledger is not journals/")
-        target = self.root / ARCHIVE / env_tag if archive else None
-        with self._lock():
-            busy = self.running_sweeps()
-            if busy:
-                raise HousekeepingError(
-                    f"{self.root}: a sweep is running on this folder ({busy[0]}"
-                    f"{f' and {len(busy) - 1} more' if len(busy) > 1 else ''}): wait for it to "
-                    "end (a marker left by a sweep that died on another host: delete it)")
-            keys = self.folder_keys()
-            slugs = {s for s, k in keys.items() if str(k.env_tag) == env_tag}
-            slugs |= {s for s in storage.slugs()
-                      if _tag_of(storage.name_at(s)) == env_tag}
-            if not slugs:
-                tags = sorted({str(k.env_tag) for k in keys.values()})
-                raise HousekeepingError(
-                    f"env_tag={env_tag}: no such tag in {self.root}; it holds "
-                    f"{', '.join(tags) if tags else 'no trials'}")
-            if target is not None and target.exists():
-                raise HousekeepingError(f"{target} exists: that tag was archived before; "
-                                        "move that folder away first")
-            aside = Path(tempfile.mkdtemp(dir=self.root, prefix=".taking-"))
-            (aside / "rows").mkdir()
-            (aside / JOURNALS).mkdir()
-            files = 0
-            for slug in sorted(slugs):
-                rows = self.root / "rows" / slug
-                if rows.is_dir():
-                    files += sum(1 for _ in rows.glob("*.json"))
-                    os.rename(rows, aside / "rows" / slug)
-                journal = storage.folder / f"{slug}.journal"
-                if journal.exists():
-                    os.rename(journal, aside / JOURNALS / journal.name)
-            self._rebuild_locked(tuner.Ledger(tuner.Journals(storage.folder)), False)
-            if target is not None:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(aside, target)
-            else:
-                shutil.rmtree(aside)
-        return len(slugs), files, target
-
     def recommendations(self) -> list[dict[str, Any]]:
         """recommendations.csv as dicts (``records.Recommendation``: a table of an older
         version reads with defaults, one of a newer version raises ``ResultsTooNew``)."""
         path = self.root / "recommendations.csv"
         try:
             with open(path, newline="") as handle:
-                recs = [{k: _read_cell(k, v) for k, v in r.items()}
+                recs = [{k: read_cell(k, v) for k, v in r.items()}
                         for r in csv.DictReader(handle)]
         except FileNotFoundError:
             return []
         return [Recommendation.from_dict(r, where=str(path)).to_dict() for r in recs]
 
 
-_TEXT_CELLS = frozenset({"cluster", "model", "runner", "env_tag", "comm_type", "runner_up",
-                         "missing", "pareto"})
-
-
-def _read_cell(column: str, cell: Optional[str]) -> Any:
-    """A table cell as the value it was written from (``csv_cell``): empty is None; text
-    columns stay text; True/False, integers and floats (``1073741824.0``, as an older
-    table's pandas wrote it, reads as a float) are parsed. The csv module, not pandas:
-    ``recommend`` reads this one file, and importing pandas was most of its second."""
-    if cell is None or cell == "":
-        return None
-    if column in _TEXT_CELLS:
-        return cell
-    if cell in ("True", "False"):
-        return cell == "True"
-    for kind in (int, float):
-        try:
-            return kind(cell)
-        except ValueError:
-            pass
-    return cell
-
-
 LEGACY_JOURNAL = "optuna.journal"  # the single journal of folders written before issue 20
 JOURNALS = "journals"  # one journal per sweep key: journals/<slug>.journal
 TABLES_INDEX = ".tables.json"  # where each key's lines lie in the tables (a cache)
 TABLES_INDEX_VERSION = 1
-SWEEPS = "sweeps"  # sweeps/<host>-<pid>-<n>.running: a sweep is running on the folder
-ARCHIVE = "archive"  # archive/<env_tag>/: a tag's keys that ``results archive`` moved
-
-
-class HousekeepingError(HcpError):
-    """``results drop`` / ``results archive`` cannot do what was asked (bad input, a
-    sweep running): one line for the user."""
-
-
 RACY_NS = 2_000_000_000  # a time this recent may not yet show a write made in its tick
 
 
@@ -619,153 +460,3 @@ def _settled(stat: Optional[list[int]]) -> Optional[list[int]]:
     if stat is None or max(stat[1], stat[2]) > time.time_ns() - RACY_NS:
         return None
     return stat
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _tag_of(study_name: Optional[str]) -> Optional[str]:
-    """The env tag in a study's name (``SweepKey.name``: ``field=value|...``)."""
-    if not study_name:
-        return None
-    fields = dict(part.partition("=")[::2] for part in study_name.split("|"))
-    return fields.get("env_tag")
-
-
-def csv_cell(v: Any) -> Any:
-    """A table cell's text from the value alone: empty for None or NaN, ``repr`` for a
-    float (``0.05``, ``2.0``), ``str`` for the rest. (pandas formatted a column's floats
-    from the whole column, so one row's text depended on the others.)"""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    if isinstance(v, float):
-        return repr(v)
-    return v if isinstance(v, str) else str(v)
-
-
-def csv_line(values: list[Any]) -> str:
-    """One CSV line (minimal quoting, ``\n``), each cell by ``csv_cell``."""
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow([csv_cell(v) for v in values])
-    return buf.getvalue()
-
-
-def _quoted(cell: str) -> str:
-    """One cell as ``csv_line`` writes it among others (minimal quoting)."""
-    if any(ch in cell for ch in ',"\n\r'):
-        return '"' + cell.replace('"', '""') + '"'
-    return cell
-
-
-def _entry(rows: list[dict[str, Any]], pareto: str) -> dict[str, Any]:
-    """A key's part of the tables: its rows as text (each row's trials.csv columns, and
-    its extra fields, whose columns are known once every key is derived), its
-    recommendation's line and sort order, and its rows' extra columns in order."""
-    recs = recommendations(rows, {SweepKey.of(rows[0]).name: pareto}) if rows else []
-    order = str(tuple(key_field(recs[0], k) for k in KEY_FIELDS)) if recs else ""
-    return {"rows": [(csv_line([r.get(c) for c in TRIAL_COLUMNS])[:-1],
-                      {k: v for k, v in r.items() if k not in TRIAL_COLUMNS}) for r in rows],
-            "rec": csv_line([recs[0][c] for c in RECOMMENDATION_COLUMNS]) if recs else "",
-            "order": order,
-            "extras": list(dict.fromkeys(k for r in rows for k in r if k not in TRIAL_COLUMNS))}
-
-
-def _nan(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per layout of one key, the best ok trial, fastest first (memory breaks ties)."""
-    best: dict[tuple[int, int], dict[str, Any]] = {}
-    for r in rows:
-        if r["status"] != "ok" or not r.get("verified") or _nan(r.get("median_s")):
-            continue  # only trials that proved CP was active are ranked
-        k = (r["a2a"], r["p2p"])
-        if k not in best or r["median_s"] < best[k]["median_s"]:
-            best[k] = r
-    return sorted(best.values(), key=lambda r: (r["median_s"], r.get("peak_mem_bytes") or 0))
-
-
-def recommendations(rows: list[dict[str, Any]],
-                    pareto: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
-    """One recommendation per sweep key that has at least one ranked (ok) trial;
-    ``pareto``: per key name, its study's Pareto front (``tuner.Ledger.pareto``)."""
-    by_key: dict[tuple, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_key.setdefault(tuple(key_field(r, k) for k in KEY_FIELDS), []).append(r)
-    out = []
-    for key, key_rows in sorted(by_key.items(), key=lambda kv: str(kv[0])):
-        ranked = rank(key_rows)
-        if not ranked:
-            continue
-        best = ranked[0]
-        second: Optional[dict[str, Any]] = ranked[1] if len(ranked) > 1 else None
-        margin = (second["median_s"] / best["median_s"] - 1) if second else None
-        noise = max(row_noise(best), row_noise(second)) if second else 0.0
-        base = {r["comm_type"]: r for r in ranked}
-        cp = best["cp"]
-        out.append(Recommendation(
-            **dict(zip(KEY_FIELDS, key)),
-            a2a=best["a2a"],
-            p2p=best["p2p"],
-            comm_type=best["comm_type"],
-            median_s=best["median_s"],
-            peak_mem_bytes=best.get("peak_mem_bytes"),
-            runner_up=f"[{second['a2a']},{second['p2p']}]" if second else "",
-            runner_up_median_s=second["median_s"] if second else None,
-            margin=margin,
-            tie=bool(second) and margin <= noise,
-            speedup_vs_p2p=(base["p2p"]["median_s"] / best["median_s"]) if "p2p" in base and cp > 1 else None,
-            speedup_vs_a2a=(base["a2a"]["median_s"] / best["median_s"]) if "a2a" in base and cp > 1 else None,
-            trials=len(key_rows),
-            ok_trials=sum(r["status"] == "ok" for r in key_rows),
-            incomplete=bool(missing_layouts(key_rows)),
-            missing="; ".join(missing_layouts(key_rows)),
-            pareto=(pareto or {}).get(SweepKey.of(dict(zip(KEY_FIELDS, key))).name, ""),
-            tokens_per_gpu_s=_tokens_per_gpu(dict(zip(KEY_FIELDS, key)), best["median_s"]),
-        ).to_dict())
-    return out
-
-
-def _count(v: Any) -> int:
-    return 0 if _nan(v) else int(v)
-
-
-def _tokens_per_gpu(key: dict[str, Any], step_s: float) -> Optional[float]:
-    """runner=bridge: tokens per second per GPU of a step of ``step_s`` at the key's m."""
-    if key["runner"] != "bridge" or not step_s:
-        return None
-    dp = int(key["dp"])
-    return tokens_per_gpu_s(step_s, m=int(key["micro_batches"]), mbs=int(key["mbs"]), dp=dp,
-                            seq=int(key["seq"]),
-                            world=int(key["tp"]) * int(key["cp"]) * dp * int(key["pp"]))
-
-
-def _why_not(r: dict[str, Any]) -> str:
-    cls = r.get("failure_class")
-    return f"{r['status']} {cls}" if isinstance(cls, str) and cls else str(r["status"])
-
-
-def missing_layouts(key_rows: list[dict[str, Any]]) -> list[str]:
-    """Layouts of a key tried without a valid measurement ("[2,2] cancelled"): the key's
-    ranking is incomplete until they are measured. A layout pruned after some measured
-    steps counts as measured (it lost); one pruned before any, or cancelled, skipped,
-    failed or invalid does not. (A runner=bridge trial pruned at one of its m keeps its
-    steps but no median: its steps were not at the user's m.)"""
-    measured = {(r["a2a"], r["p2p"]) for r in key_rows
-                if (r["status"] == "ok" and r.get("verified"))
-                or (r["status"] == "pruned" and (not _nan(r.get("median_s"))
-                                                 or _count(r.get("steps")) > 0))}
-    why: dict[tuple[int, int], str] = {}
-    for r in key_rows:
-        k = (r["a2a"], r["p2p"])
-        if k not in measured:
-            why[k] = _why_not(r)  # the latest row's reason (rows are in trial-id order)
-    return [f"[{a},{p}] {w}" for (a, p), w in sorted(why.items())]

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from hcp_tune.config import SweepConfig
 from hcp_tune.costmodel.microbatch import measure_points
-from hcp_tune.engine import budget, dispatch, sweep_plan
+from hcp_tune.engine import budget, dispatch, housekeeping, sweep_plan
 from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
 from hcp_tune.engine.sweep_plan import SweepPlan, failure_label, kept_by_key, plan_sweep
 from hcp_tune.engine.trials import (
@@ -204,7 +204,7 @@ class Sweeper:
         from hcp_tune.engine import tuner
 
         if self.marker is None:  # `results drop|archive` waits for the end of this sweep
-            self.marker = self.store.mark_sweep()
+            self.marker = housekeeping.mark_sweep(self.store)
         # only the planned keys' rows: reading each key's folder costs what the key holds,
         # where reading the whole folder cost every stored trial (on every resume)
         kept_keys = kept_by_key(self.cfg)
@@ -572,6 +572,6 @@ class Sweeper:
                 self.reporter.stop()
             self.store.rebuild(self.storage)  # row files and tables, as views of the studies
         finally:
-            self.store.unmark_sweep(self.marker)
+            housekeeping.unmark_sweep(self.marker)
         self.summary.recommendations = self.store.recommendations()
         return self.summary

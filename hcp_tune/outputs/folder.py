@@ -95,7 +95,8 @@ def cmd_take(action: str, args: list[str]) -> int:
     """``results drop env_tag=X`` deletes a tag's trials (row files and journals) and
     their table lines; ``results archive env_tag=X`` moves them to
     ``<results_dir>/archive/X/`` (a results folder of its own). Both hold the folder's
-    lock and refuse while a sweep runs on it (``ResultStore.take_tag``)."""
+    lock and refuse while a sweep runs on it (``housekeeping.take_tag``)."""
+    from hcp_tune.engine.housekeeping import take_tag
     from hcp_tune.engine.store import ResultStore
 
     a = parse_args(f"results {action}", args, TAKE_KEYS)
@@ -103,7 +104,7 @@ def cmd_take(action: str, args: list[str]) -> int:
     if "env_tag" not in a:
         raise RegressError(f"results {action}: which tag? give env_tag=TAG (see: results "
                            f"results_dir={results_dir})")
-    keys, files, where = ResultStore(results_dir).take_tag(a["env_tag"], action == "archive")
+    keys, files, where = take_tag(ResultStore(results_dir), a["env_tag"], action == "archive")
     done = f"archived to {where}" if where else "dropped"
     print(f"env_tag={a['env_tag']}: {keys} key(s), {files} trial row(s) {done}; the tables "
           "no longer list them")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from helpers import rows_for, store  # noqa: E402
 
+from hcp_tune.engine import housekeeping  # noqa: E402
 from hcp_tune.engine.store import ResultStore  # noqa: E402
 from hcp_tune.outputs import folder  # noqa: E402
 
@@ -117,12 +118,12 @@ def test_drop_refuses_while_a_sweep_runs_and_ignores_a_dead_sweeps_marker(tmp_pa
     root = tmp_path / "res"
     _two_tags(root)
     store_ = ResultStore(root)
-    marker = store_.mark_sweep()  # this process: alive
+    marker = housekeeping.mark_sweep(store_)  # this process: alive
     out = hcp("results", "drop", "env_tag=night-1", f"results_dir={root}")
     assert out.returncode == 2 and "a sweep is running on this folder" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
     assert len(ResultStore(root).rows()) == 5  # nothing touched
-    store_.unmark_sweep(marker)
+    housekeeping.unmark_sweep(marker)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     (root / "sweeps" / f"{os.uname().nodename}-{dead}-x.running").write_text(json.dumps(

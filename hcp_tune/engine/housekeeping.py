@@ -1,0 +1,140 @@
+"""Housekeeping of a results folder: which sweeps run on it, and dropping or archiving an
+env tag's trials (``results drop|archive env_tag=X``).
+
+A sweep marks the folder while it runs (``sweeps/<host>-<pid>-<n>.running``, written under
+the folder's lock by ``mark_sweep``); ``take_tag`` holds the same lock and refuses while a
+marker's sweep may be running, so it never removes a key a sweep is writing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from hcp_tune.engine.store import JOURNALS, ResultStore
+from hcp_tune.errors import HcpError
+
+SWEEPS = "sweeps"  # sweeps/<host>-<pid>-<n>.running: a sweep is running on the folder
+ARCHIVE = "archive"  # archive/<env_tag>/: a tag's keys that ``results archive`` moved
+
+
+class HousekeepingError(HcpError):
+    """``results drop`` / ``results archive`` cannot do what was asked (bad input, a
+    sweep running): one line for the user."""
+
+
+def mark_sweep(store: ResultStore) -> Path:
+    """Say a sweep runs on this folder (``sweeps/<host>-<pid>-<n>.running``, written
+    under the lock, so housekeeping that holds the lock either sees it or finishes
+    first); the sweep removes it when it ends (``unmark_sweep``)."""
+    with store.lock():
+        folder = store.root / SWEEPS
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, path = tempfile.mkstemp(dir=folder, prefix=f"{socket.gethostname()}-"
+                                    f"{os.getpid()}-", suffix=".running")
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"host": socket.gethostname(), "pid": os.getpid(),
+                       "argv": sys.argv}, handle)
+    return Path(path)
+
+
+def unmark_sweep(marker: Optional[Path]) -> None:
+    if marker is not None:
+        marker.unlink(missing_ok=True)
+
+
+def running_sweeps(store: ResultStore) -> list[str]:
+    """The sweeps that may be running on this folder: every marker but those of this
+    host whose process is gone (a sweep killed with SIGKILL; those are removed). A
+    marker from another host cannot be checked from here: it counts as running."""
+    out = []
+    for path in sorted((store.root / SWEEPS).glob("*.running")):
+        try:
+            mark = json.loads(path.read_text())
+            host, pid = str(mark["host"]), int(mark["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            out.append(f"{path} (unreadable)")
+            continue
+        if host == socket.gethostname() and not _alive(pid):
+            path.unlink(missing_ok=True)
+            continue
+        out.append(f"{path} (pid {pid} on {host})")
+    return out
+
+
+def take_tag(store: ResultStore, env_tag: str, archive: bool) -> tuple[int, int, Optional[Path]]:
+    """Remove an env tag's keys from the folder: their row folders and journals, then
+    their lines of the tables. ``archive``: moved to ``archive/<env_tag>/`` (itself a
+    results folder: ``report results_dir=<it>`` reads it), else deleted. Under the
+    lock; refused (``HousekeepingError``) while a sweep runs on the folder or when the
+    folder holds no such tag. The keys are first moved aside in one folder and the
+    tables rewritten without them; a command killed part way leaves that folder
+    (``.taking-*``) for a person to look at, never a half-dropped key.
+    Returns (keys, row files, where archived)."""
+    from hcp_tune.engine import tuner
+
+    storage = store.ledger()
+    if not isinstance(storage, tuner.Journals):  # (ledger() without a storage: never)
+        raise HousekeepingError("this folder's ledger is not journals/")
+    target = store.root / ARCHIVE / env_tag if archive else None
+    with store.lock():
+        busy = running_sweeps(store)
+        if busy:
+            raise HousekeepingError(
+                f"{store.root}: a sweep is running on this folder ({busy[0]}"
+                f"{f' and {len(busy) - 1} more' if len(busy) > 1 else ''}): wait for it to "
+                "end (a marker left by a sweep that died on another host: delete it)")
+        keys = store.folder_keys()
+        slugs = {s for s, k in keys.items() if str(k.env_tag) == env_tag}
+        slugs |= {s for s in storage.slugs()
+                  if _tag_of(storage.name_at(s)) == env_tag}
+        if not slugs:
+            tags = sorted({str(k.env_tag) for k in keys.values()})
+            raise HousekeepingError(
+                f"env_tag={env_tag}: no such tag in {store.root}; it holds "
+                f"{', '.join(tags) if tags else 'no trials'}")
+        if target is not None and target.exists():
+            raise HousekeepingError(f"{target} exists: that tag was archived before; "
+                                    "move that folder away first")
+        aside = Path(tempfile.mkdtemp(dir=store.root, prefix=".taking-"))
+        (aside / "rows").mkdir()
+        (aside / JOURNALS).mkdir()
+        files = 0
+        for slug in sorted(slugs):
+            rows = store.root / "rows" / slug
+            if rows.is_dir():
+                files += sum(1 for _ in rows.glob("*.json"))
+                os.rename(rows, aside / "rows" / slug)
+            journal = storage.folder / f"{slug}.journal"
+            if journal.exists():
+                os.rename(journal, aside / JOURNALS / journal.name)
+        store.rebuild_locked(tuner.Ledger(tuner.Journals(storage.folder)), False)
+        if target is not None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(aside, target)
+        else:
+            shutil.rmtree(aside)
+    return len(slugs), files, target
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tag_of(study_name: Optional[str]) -> Optional[str]:
+    """The env tag in a study's name (``SweepKey.name``: ``field=value|...``)."""
+    if not study_name:
+        return None
+    fields = dict(part.partition("=")[::2] for part in study_name.split("|"))
+    return fields.get("env_tag")
