@@ -6,6 +6,7 @@ result can be read back from a job's folder after the orchestrator was restarted
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
@@ -13,7 +14,7 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import IO, Any, Iterator, Optional
 
 TE_MIN_HCP = (1, 12)  # Transformer Engine 1.12.0: first with a2a+p2p (Megatron-Core asserts it)
 
@@ -212,14 +213,17 @@ def result_from_json(text: str) -> TrialResult:
     return _from_dict(TrialResult, json.loads(text))
 
 
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the new one, never half."""
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = "w") -> Iterator[IO]:
+    """A file to write that replaces ``path`` only when the block ends without an error
+    (flushed and fsynced first), so readers see the old file or the new one, never half;
+    on an error the partial file is removed. ``mode``: "w" or "wb"."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -227,6 +231,12 @@ def atomic_write_text(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the new one, never half."""
+    with atomic_open(path) as f:
+        f.write(text)
 
 
 # ---------------------------------------------------------------- failure text

@@ -66,7 +66,7 @@ from hcp_tune.engine.tables import (  # rank, recommendations, missing_layouts: 
     recommendations,
     table_entry,
 )
-from hcp_tune.spec import TrialResult, TrialSpec, atomic_write_text
+from hcp_tune.spec import TrialResult, TrialSpec, atomic_open, atomic_write_text
 
 # The columns of trials.csv (``records.TrialRow``'s fields, in order; a row's extra
 # fields, such as a skipped layout's ``predicted_step_s``, follow) and of
@@ -399,30 +399,21 @@ class ResultStore:
         columns = [*TRIAL_COLUMNS, *extras]
         header = csv_line(columns)
         t_path, r_path = self.root / "trials.csv", self.root / "recommendations.csv"
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix="trials.csv")
-        try:
-            with os.fdopen(fd, "wb") as out, \
-                    (open(t_path, "rb") if index is not None else io.BytesIO()) as old:
-                pos = out.write(header.encode())
-                for slug in sorted(entries):
-                    e = entries[slug]
-                    if slug in derived or index is None:
-                        data = "".join(
-                            base + "".join("," + quoted_cell(csv_cell(more.get(c))) for c in extras)
-                            + "\n" for base, more in e.pop("rows")).encode()
-                    else:
-                        start, end = e["span"]
-                        old.seek(start)
-                        data = old.read(end - start)
-                    e["span"] = [pos, pos + len(data)]
-                    pos += out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, t_path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_open(str(t_path), "wb") as out, \
+                (open(t_path, "rb") if index is not None else io.BytesIO()) as old:
+            pos = out.write(header.encode())
+            for slug in sorted(entries):
+                e = entries[slug]
+                if slug in derived or index is None:
+                    data = "".join(
+                        base + "".join("," + quoted_cell(csv_cell(more.get(c))) for c in extras)
+                        + "\n" for base, more in e.pop("rows")).encode()
+                else:
+                    start, end = e["span"]
+                    old.seek(start)
+                    data = old.read(end - start)
+                e["span"] = [pos, pos + len(data)]
+                pos += out.write(data)
         recs = sorted((e["order"], e["rec"]) for e in entries.values() if e["rec"])
         atomic_write_text(str(r_path), csv_line(list(RECOMMENDATION_COLUMNS))
                           + "".join(line for _, line in recs))
