@@ -50,8 +50,8 @@ def _fraction(a: dict[str, str], key: str, default: float, lo: float, hi: float,
 
 
 def stored_noise(results_dir: Path, tags: set[str]) -> float:
-    """The night's typical per-trial relative spread of step time: the moderated prior
-    scale ``s0`` over every (key, layout, tag) with 2 or more usable trials."""
+    """The typical per-trial relative spread of step time: the pooled standard deviation of
+    log step time over every (key, layout, tag) with 2 or more usable trials."""
     groups: dict[tuple, list[float]] = {}
     for r in _rows(results_dir, tags or None):
         if usable(r) and (not tags or str(r.get("env_tag")) in tags):
@@ -66,7 +66,7 @@ def stored_noise(results_dir: Path, tags: set[str]) -> float:
     if not var:
         raise RegressError(f"noise= not given and results_dir={results_dir} holds no layout "
                            "with 2 or more ok trials to read it from; give noise=0.02 (2%)")
-    return math.sqrt(stats.moderate(var, df)[2])
+    return math.sqrt(sum(v * d for v, d in zip(var, df)) / sum(df))
 
 
 def cmd_power(args: list[str]) -> int:

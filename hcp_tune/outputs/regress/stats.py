@@ -44,6 +44,7 @@ ALPHA = 0.05  # family-wise error rate over every test of one comparison (Holm)
 LEVEL = 0.95  # the intervals shown, and the "ok" rule
 POOL_MIN = 3  # layouts needed to separate a common shift from per-layout deviations
 SD_FLOOR = 1e-3  # smallest per-trial relative spread assumed (device memory is often exact)
+VAR_SPREAD_MAX = 100.0  # a layout's variance counts as at least the night's median / this
 POWER = 0.8  # the power `regress power` and the INCONCLUSIVE advice plan for
 MEDIAN_EFF = math.pi / 2  # variance of a median of normal estimates / that of their mean
 
@@ -130,11 +131,19 @@ def _trigamma_inverse(y: float) -> float:
 def moderate(s2: Sequence[float], df: Sequence[float]) -> tuple[np.ndarray, np.ndarray, float, float]:
     """limma's moderated variances: (posterior s^2, its df, prior s0^2, prior d0)."""
     s2 = np.maximum(np.asarray(s2, float), SD_FLOOR ** 2)
+    # a variance far below the night's (identical readings on few trials) is not evidence
+    # of a quiet layout, and on the log scale it would drag the prior's scale down
+    s2 = np.maximum(s2, float(np.median(s2)) / VAR_SPREAD_MAX)
     df = np.asarray(df, float)
     ok = df > 0
     if ok.sum() < 2:
         return s2, df, float(np.median(s2)), 0.0
     e = np.log(s2[ok]) - special.digamma(df[ok] / 2) + np.log(df[ok] / 2)
+    # robust to a layout or two of odd variance (Phipson et al. 2016 in spirit): clip the
+    # log-variances at 3 MADs around their median before the moments are taken
+    mid = float(np.median(e))
+    spread = 3 * 1.4826 * float(np.median(np.abs(e - mid))) or math.inf
+    e = np.clip(e, mid - spread, mid + spread)
     ebar = float(e.mean())
     n = int(ok.sum())
     excess = float(np.mean((e - ebar) ** 2 * n / (n - 1) - special.polygamma(1, df[ok] / 2)))
