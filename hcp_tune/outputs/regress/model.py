@@ -45,6 +45,7 @@ from hcp_tune.outputs.regress.rows import (
 MIN_TRIALS = 3
 MAX_TRIALS = 30  # the most trials per tag an inconclusive layout is sent back for
 DESIGNS = ("sessions", "interleaved")
+ADVICE_NIGHTS = 100  # simulated nights behind an INCONCLUSIVE layout's trials advice
 
 METHOD = (
     "unit: the trial (its median step, warm-up discarded), >= {min} ok, verified trials per "
@@ -277,9 +278,9 @@ def _needed(c: LayoutComparison, e: stats.Estimate, sd: float, opts: Options, te
     design's family-wise rate: confirm it when its size is beyond the threshold, clear it
     when inside; None beyond max_trials."""
     size = math.expm1(e.est)
-    if abs(size) > opts.threshold:
-        n = stats.trials_for_power(size, sd, opts.threshold, opts.alpha, tests, layouts,
-                                   cap=opts.max_trials)
+    if abs(size) > opts.threshold:  # rounded: one simulation serves many layouts
+        n = stats.trials_for_power(round(size, 3), round(sd, 3), opts.threshold, opts.alpha,
+                                   tests, layouts, cap=opts.max_trials, nights=ADVICE_NIGHTS)
     else:
         n = stats.trials_to_clear(size, sd, opts.threshold, opts.ci, cap=opts.max_trials)
     have = max(len(c.base_s), len(c.cand_s))

@@ -3,9 +3,10 @@ measured interleaved, ABAB, so that the session effect cancels).
 
 ``regress power effect=0.07 [noise=0.02] [layouts=48] [threshold=0.05] [alpha=0.05]``
 prints the trials per tag that confirm a change of ``effect`` with 80% power under the
-rule ``regress`` applies (``stats.trials_for_power``: Holm's first-step bar over
-``2 * layouts + 2`` tests, time and memory); the noise, when not given, is the night's
-typical per-trial spread read from the stored trials (``results_dir``, the tags given).
+rule ``regress`` applies (``stats.trials_for_power``: the rule itself run on simulated
+nights of ``layouts`` layouts, one in eight changed, time and memory in one Holm family);
+the noise, when not given, is the pooled per-trial spread of the stored trials
+(``results_dir``, the tags given).
 ``benchmarks/regress_error_rates.py`` checks the answer by simulating the rule itself.
 
 ``regress run baseline=A candidate=B baseline_args='...' candidate_args='...' trials=5``
@@ -104,7 +105,7 @@ def cmd_power(args: list[str]) -> int:
     if n is None:
         print(f"{head}: more than 1000 trials per tag would be needed")
         return 0
-    at = stats.power_at(n, effect, noise, threshold, alpha, tests, layouts)
+    at = stats.simulated_power(n, effect, noise, threshold, alpha, layouts)
     print(f"{head}: {n} trials per tag give {at * 100:.0f}% power (80% wanted); measure "
           f"each tag with search.repeats={n} search.purpose=regress")
     return 0

@@ -19,8 +19,11 @@ measurement error ``e_i``.
   (robust: the MAD of ``d_i`` squared, less the typical measurement variance) added to each
   layout's variance, times pi/2 for the median. Needs ``POOL_MIN`` layouts; with fewer, no
   shift is separated and each layout is judged on its whole change.
-- **Deviations** ``d_i - mu`` have variance ``v_i + se(mu)^2`` and a t distribution on the
-  moderated degrees of freedom.
+- **Deviations** ``d_i - mu`` have variance ``v_i + se(mu)^2 + tau^2`` and a t
+  distribution on the moderated degrees of freedom: a layout is flagged when it stands out
+  from the night's spread of deviations, not merely from its own trials' noise. One
+  session per tag, each layout also meets the session in its own way (a layout x session
+  effect that no number of trials in that session averages away); ``tau`` holds it.
 - **Verdict** of each estimate (the shift, every deviation, for time and memory alike):
   ``regression`` when the test of "no change" is rejected after Holm's step-down
   correction over **every test of the comparison** (all layouts, both metrics, the shifts)
@@ -33,6 +36,7 @@ measurement error ``e_i``.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -46,6 +50,8 @@ POOL_MIN = 3  # layouts needed to separate a common shift from per-layout deviat
 SD_FLOOR = 1e-3  # smallest per-trial relative spread assumed (device memory is often exact)
 VAR_SPREAD_MAX = 100.0  # a layout's variance counts as at least the night's median / this
 POWER = 0.8  # the power `regress power` and the INCONCLUSIVE advice plan for
+SIM_NIGHTS = 200  # nights simulated per trial count when planning power
+MEM_SD = 0.002  # per-trial spread of a device memory reading in those simulations
 MEDIAN_EFF = math.pi / 2  # variance of a median of normal estimates / that of their mean
 
 
@@ -184,7 +190,7 @@ def night(changes: Sequence[tuple[float, float, float, float]]) -> Night:
     tau2 = max(0.0, mad ** 2 - float(np.median(v)))
     se_mu = math.sqrt(MEDIAN_EFF * float(np.mean(v + tau2)) / len(d))
     shift = _estimate(mu, se_mu, float(pdf.sum()))
-    ests = tuple(_estimate(float(x - mu), math.sqrt(vi + se_mu ** 2), float(dfi))
+    ests = tuple(_estimate(float(x - mu), math.sqrt(vi + se_mu ** 2 + tau2), float(dfi))
                  for x, vi, dfi in zip(d, v, pdf))
     return Night(shift, ests, math.sqrt(s0sq), d0, math.sqrt(tau2))
 
@@ -244,19 +250,68 @@ def power_at(n: int, effect: float, sd: float, threshold: float, alpha: float, t
     return float(special.ndtr((e - bar) / se))
 
 
+def simulated_power(n: int, effect: float, sd: float, threshold: float, alpha: float = ALPHA,
+                    layouts: int = 48, changed: int = 0, nights: int = SIM_NIGHTS,
+                    seed: int = 0) -> float:
+    """The share of changed layouts this module's rule confirms: ``nights`` simulated
+    nights of ``layouts`` layouts, ``n`` trials per tag with per-trial relative spread
+    ``sd``, ``changed`` of them (default one in eight) changed by ``effect``, a memory
+    reading per trial (0.2% spread) judged in the same Holm family as time."""
+    rng = np.random.default_rng(seed)
+    changed = changed or max(1, round(layouts / 8))
+    shift = math.log1p(effect)
+    want = "regression" if effect > 0 else "improvement"
+    hits = 0
+    for _ in range(nights):
+        base, cand = rng.normal(0, sd, (2, layouts, n))
+        cand[:changed] += shift
+        mem = rng.normal(0, MEM_SD, (2, layouts, n))
+        judged = judge_all([night(_changes(base, cand)), night(_changes(*mem))],
+                           [threshold, threshold], alpha)
+        hits += sum(e.verdict == want for e in judged[0].layouts[:changed])
+    return hits / (nights * changed)
+
+
+def _changes(base: np.ndarray, cand: np.ndarray) -> list[tuple[float, float, float, float]]:
+    """``change`` of every layout (rows of log step times), vectorised."""
+    nb, nc = base.shape[1], cand.shape[1]
+    ss = ((base - base.mean(1, keepdims=True)) ** 2).sum(1) + (
+        (cand - cand.mean(1, keepdims=True)) ** 2).sum(1)
+    d = cand.mean(1) - base.mean(1)
+    df = nb + nc - 2
+    return [(float(x), float(v) / df, df, 1 / nb + 1 / nc) for x, v in zip(d, ss)]
+
+
+@functools.lru_cache(maxsize=256)
 def trials_for_power(effect: float, sd: float, threshold: float, alpha: float = ALPHA,
                      tests: int = 97, layouts: int = 48, power: float = POWER,
-                     cap: int = 1000) -> Optional[int]:
-    """The fewest trials per tag (>= 3) that confirm a change of ``effect`` with ``power``;
-    None when no number up to ``cap`` does (a change at or within the threshold never is)."""
+                     cap: int = 1000, nights: int = SIM_NIGHTS) -> Optional[int]:
+    """The fewest trials per tag (>= 3) at which ``simulated_power`` reaches ``power``;
+    None when no number up to ``cap`` does (a change at or within the threshold never is).
+    The normal approximation ``power_at`` gives the first guess (it is optimistic: it
+    leaves out the estimated spread of deviations and the t quantiles), the simulation
+    the answer; ``tests`` is only the approximation's."""
     if abs(effect) <= threshold:
         return None
     if sd <= 0:
         return 3
-    for n in range(3, cap + 1):
-        if power_at(n, effect, sd, threshold, alpha, tests, layouts) >= power:
-            return n
-    return None
+    sim = lambda k: simulated_power(k, effect, sd, threshold, alpha, layouts,  # noqa: E731
+                                    nights=nights)
+    lo = 3
+    while lo < cap and power_at(lo, effect, sd, threshold, alpha, tests, layouts) < power:
+        lo += 1
+    lo = max(3, lo - 1)
+    if sim(lo) >= power:
+        return lo
+    hi = lo
+    while sim(hi) < power:  # grow until enough, then bisect between lo and hi
+        lo, hi = hi, min(cap, math.ceil(hi * 1.5) + 1)
+        if lo == cap:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if sim(mid) >= power else (mid, hi)
+    return hi
 
 
 def trials_to_clear(effect: float, sd: float, threshold: float, level: float = LEVEL,
