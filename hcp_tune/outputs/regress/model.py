@@ -45,7 +45,7 @@ from hcp_tune.outputs.regress.rows import (
 MIN_TRIALS = 3
 MAX_TRIALS = 30  # the most trials per tag an inconclusive layout is sent back for
 DESIGNS = ("sessions", "interleaved")
-ADVICE_NIGHTS = 100  # simulated nights behind an INCONCLUSIVE layout's trials advice
+ADVICE_NIGHTS = 60  # simulated nights behind an INCONCLUSIVE layout's trials advice
 
 METHOD = (
     "unit: the trial (its median step, warm-up discarded), >= {min} ok, verified trials per "
@@ -278,9 +278,13 @@ def _needed(c: LayoutComparison, e: stats.Estimate, sd: float, opts: Options, te
     design's family-wise rate: confirm it when its size is beyond the threshold, clear it
     when inside; None beyond max_trials."""
     size = math.expm1(e.est)
-    if abs(size) > opts.threshold:  # rounded: one simulation serves many layouts
-        n = stats.trials_for_power(round(size, 3), round(sd, 3), opts.threshold, opts.alpha,
-                                   tests, layouts, cap=opts.max_trials, nights=ADVICE_NIGHTS)
+    if abs(size) > opts.threshold:  # rounded down to 1% (and the noise up to 0.5%): one
+        # simulation serves many layouts, and the advice errs toward more trials
+        size = math.copysign(max(math.floor(abs(size) * 100) / 100, opts.threshold + 0.005),
+                             size)
+        n = stats.trials_for_power(size, math.ceil(sd * 200) / 200, opts.threshold,
+                                   opts.alpha, tests, layouts, cap=opts.max_trials,
+                                   nights=ADVICE_NIGHTS)
     else:
         n = stats.trials_to_clear(size, sd, opts.threshold, opts.ci, cap=opts.max_trials)
     have = max(len(c.base_s), len(c.cand_s))
