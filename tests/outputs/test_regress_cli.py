@@ -105,3 +105,32 @@ def test_a_tag_swept_with_early_stopping_is_explained(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "2 of their trials were pruned (stopped early)" in err
     assert "search.purpose=regress" in err
+
+
+def test_regress_run_alternates_the_tags_round_by_round_and_pairs_them(tmp_path, monkeypatch,
+                                                                       capsys):
+    """``regress run``: round r sweeps A then B to r trials each (ABAB), every sweep
+    never early-stops, and the verdict rests on the pairs (``design: interleaved``): a
+    drift through the night that one session per tag would read as noise cancels."""
+    from hcp_tune.outputs.regress import plan
+
+    res = tmp_path / "res"
+    calls = []
+
+    def sweep(args):  # stands in for `python -m hcp_tune sweep ...`: one trial per layout
+        kv = dict(a.split("=", 1) for a in args[1:])
+        calls.append((kv["env_tag"], int(kv["search.repeats"]), kv["search.purpose"]))
+        r = int(kv["search.repeats"])
+        slow = 1.08 if kv["env_tag"] == "te-2.10" else 1.0
+        store(res, rows_for(kv["env_tag"], 2, 2, [slow * (1 + 0.06 * r)]))
+        return 0
+
+    monkeypatch.setattr(plan, "run_sweep", sweep)
+    rc = main(["regress", "run", "baseline=te-2.9", "candidate=te-2.10", "trials=5",
+               "baseline_args=cp=4 executor=local", "candidate_args=cp=4 executor=local",
+               f"results_dir={res}"])
+    out = " ".join(capsys.readouterr().out.split())  # prose wraps at the width
+    assert [c[:2] for c in calls] == [(t, r) for r in range(1, 6) for t in ("te-2.9", "te-2.10")]
+    assert {c[2] for c in calls} == {"regress"}
+    assert rc == 1 and "design: interleaved ABAB" in out and " REGRESSION " in out
+    assert (res / "regress-te-2.9-vs-te-2.10.md").exists()
