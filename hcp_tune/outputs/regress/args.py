@@ -74,7 +74,7 @@ def slug(text: str) -> str:
 
 
 def options(a: dict[str, str], design: str = "sessions"):
-    from hcp_tune.outputs.regress import model
+    import hcp_tune.outputs.regress.model as model
 
     missing = [k for k in ("baseline", "candidate") if k not in a]
     if missing:
@@ -97,7 +97,7 @@ def report_stem(results_dir: Path, baseline: str, candidate: str) -> Path:
 def write_report(report, results_dir: Path) -> int:
     """The Markdown and HTML files, then the terminal table; the exit code."""
     from hcp_tune.outputs import html_report
-    from hcp_tune.outputs.regress import view
+    import hcp_tune.outputs.regress.view as view
 
     stem = report_stem(results_dir, report.options.baseline, report.options.candidate)
     md, page = Path(f"{stem}.md"), Path(f"{stem}.html")

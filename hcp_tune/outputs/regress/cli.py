@@ -44,10 +44,10 @@ def _every_key(results_dir: Path, pick: dict) -> list:
 
 
 def cmd_regress(args: list[str]) -> int:
-    from hcp_tune.outputs.regress import model
+    import hcp_tune.outputs.regress.model as model
 
     if args and args[0] in ("power", "run"):
-        from hcp_tune.outputs.regress import plan
+        import hcp_tune.outputs.regress.plan as plan
 
         return (plan.cmd_power if args[0] == "power" else plan.cmd_run)(args[1:])
     a = parse_args("regress", args, REGRESS_KEYS)

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from hcp_tune.errors import EXIT_FINDINGS, EXIT_INCONCLUSIVE, EXIT_OK
 from hcp_tune.noise import noise, percentile
-from hcp_tune.outputs.regress import stats
+import hcp_tune.outputs.regress.stats as stats
 from hcp_tune.outputs.regress.rows import (
     COMPARED,
     RegressError,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from hcp_tune.outputs.regress import stats
+import hcp_tune.outputs.regress.stats as stats
 from hcp_tune.outputs.regress.args import (
     OPTION_KEYS,
     _flag,
@@ -113,7 +113,7 @@ def cmd_power(args: list[str]) -> int:
 
 def cmd_run(args: list[str]) -> int:
     """Both tags measured round by round (ABAB), then the paired comparison."""
-    from hcp_tune.outputs.regress import model
+    import hcp_tune.outputs.regress.model as model
 
     a = parse_args("regress run", args, RUN_KEYS)
     opts = options(a, "interleaved")

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 from hcp_tune.engine.records import OLDER_ROW_DEFAULTS
 from hcp_tune.errors import EXIT_USAGE
-from hcp_tune.outputs.regress import stats
+import hcp_tune.outputs.regress.stats as stats
 from hcp_tune.outputs.regress.model import COMPARED, Comparison, Options, compare
 from hcp_tune.outputs.regress.rows import RegressError
 
