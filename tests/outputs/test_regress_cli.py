@@ -70,7 +70,7 @@ def test_regress_power_bad_input_is_one_line_exit_2(args, message, capsys, tmp_p
 
 def test_regress_power_answers_with_the_trials_and_the_sweep_setting(capsys):
     assert main(["regress", "power", "effect=0.1", "noise=0.02"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # prose wraps at the width
     n = int(out.split(" trials per tag")[0].rsplit(" ", 1)[1])
     assert 3 <= n <= 10 and f"search.repeats={n} search.purpose=regress" in out
     assert "family-wise rate 0.05 over 98 tests (48 layouts" in out
@@ -80,7 +80,7 @@ def test_regress_power_reads_the_noise_from_stored_trials(tmp_path, capsys):
     res = stored(tmp_path, sd=0.03)
     assert main(["regress", "power", "effect=0.2", "layouts=8", f"results_dir={res}",
                  "baseline=te-2.9"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "(read from the stored trials of te-2.9)" in out
     noise = float(out.split("per-trial noise ")[1].split("%")[0])
     assert 1.5 < noise < 4.5  # the 3% drawn, estimated from 15 layouts x 5 trials

@@ -102,12 +102,14 @@ def cmd_power(args: list[str]) -> int:
     head = (f"regress power: a {effect * 100:+.1f}% change, per-trial noise "
             f"{noise * 100:.2f}% ({source}), threshold {threshold * 100:.1f}%, family-wise "
             f"rate {alpha:g} over {tests} tests ({layouts} layouts, time and memory)")
+    from hcp_tune.outputs.ui import say
+
     if n is None:
-        print(f"{head}: more than 1000 trials per tag would be needed")
+        say(f"{head}: more than 1000 trials per tag would be needed")
         return 0
     at = stats.simulated_power(n, effect, noise, threshold, alpha, layouts)
-    print(f"{head}: {n} trials per tag give {at * 100:.0f}% power (80% wanted); measure "
-          f"each tag with search.repeats={n} search.purpose=regress")
+    say(f"{head}: {n} trials per tag give {at * 100:.0f}% power (80% wanted, simulated); "
+        "measure each tag with", f"  search.repeats={n} search.purpose=regress")
     return 0
 
 
