@@ -289,13 +289,13 @@ def cmd_recommend(args: list[str]) -> int:
 
 def cmd_regress(args: list[str]) -> int:
     # imported here, not at the top: every other command (recommend's second) skips it
-    from hcp_tune.outputs.regress_cli import cmd_regress as regress
+    from hcp_tune.outputs.regress.cli import cmd_regress as regress
 
     return regress(args)
 
 
 def cmd_report(args: list[str]) -> int:
-    from hcp_tune.outputs.regress_cli import cmd_report as report
+    from hcp_tune.outputs.regress.cli import cmd_report as report
 
     return report(args)
 

@@ -176,6 +176,11 @@ def regress_without_tags_a_b(r, cwd):
     assert "unknown env tag(s) a, b; tags with stored trials: default" in r.stderr, r.stderr
 
 
+def power_plan(r, cwd):
+    assert r.returncode == 0, f"exit {r.returncode}"
+    assert "trials per tag give" in r.stdout and "search.purpose=regress" in r.stdout
+
+
 def report_page(r, cwd):
     assert r.returncode == 0, f"exit {r.returncode}"
     assert "<svg" in (cwd / "results" / "report.html").read_text()
@@ -219,6 +224,13 @@ MAPPINGS = {
     "python -m hcp_tune regress baseline=a candidate=b settle=true "
     "candidate_args=executor=local": Mapping(regress_without_tags_a_b),
     "python -m hcp_tune report": Mapping(report_page),
+    # docs/regress.md: the plan needs no stored trial when noise= is given
+    "python -m hcp_tune regress power effect=0.07 noise=0.02": Mapping(power_plan),
+    "python -m hcp_tune regress run baseline=te-2.9 candidate=te-2.10 trials=5 "
+    "baseline_args=model=llama3-8b cp=4 executor=local "
+    "executor.container_image=/images/te-2.9.sqsh candidate_args=model=llama3-8b cp=4 "
+    "executor=local executor.container_image=/images/te-2.10.sqsh": Mapping(
+        exit_code(0, 1, 4), skip="needs the two TE containers and a GPU allocation"),
     # runner=bridge without Bridge and TE: the job's first check stops the sweep (exit 1)
     "python -m hcp_tune sweep runner=bridge cluster=dgx-h100 model=llama3-8b cp=8 seq=65536 "
     "executor=slurm": Mapping(bridge_absent, BRIDGE_LOCAL),

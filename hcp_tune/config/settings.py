@@ -137,6 +137,13 @@ class SearchConfig:
         max=CP_MAX)
     retry: Union[str, list[str]] = field(default="none", metadata={
         "doc": "stored failures to measure again", "choices": RETRY_CHOICES})
+    purpose: Literal["tune", "regress"] = field(default="tune", metadata={
+        "doc": "tune: find the fastest layout | regress: measurements for `regress` (never "
+               "early-stops: a pruned trial is not a measurement)"})
+
+    def __post_init__(self) -> None:
+        if self.purpose == "regress":  # every trial of a regress sweep is measured in full
+            object.__setattr__(self, "early_stop", False)
 
 
 @dataclass(kw_only=True, frozen=True)

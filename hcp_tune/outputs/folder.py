@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hcp_tune.outputs.regress import RegressError
-from hcp_tune.outputs.regress_cli import parse_args
+from hcp_tune.outputs.regress.args import parse_args
 
 RESULTS_KEYS = ("results_dir", "format")
 TAKE_ACTIONS = ("drop", "archive")  # results drop|archive env_tag=X [results_dir=PATH]

@@ -4,9 +4,9 @@ One file each, inline CSS and inline SVG (``hcp_tune/outputs/svg.py``): no scrip
 image, nothing fetched, so the page opens from disk on a machine without a network.
 Plots per key:
 
-- regress: the candidate/baseline step-time ratio of each layout with its bootstrap
-  interval, the no-change line and the tolerance band (a verdict needs the whole interval
-  on one side of its edges); and every per-trial median of each layout under both tags.
+- regress: each layout's judged step-time ratio (its deviation from the night's common
+  shift, or its whole change when no shift is separated) with its interval, the no-change
+  line and the threshold band; and every per-trial median of each layout under both tags.
 - report: step time against peak memory of each layout with the Pareto front drawn; the
   spread of each layout's measured steps (every step of every ok trial, median ticked);
   predicted against measured step time where the cost model has a prediction.
@@ -17,8 +17,15 @@ import datetime
 from typing import Optional
 
 from hcp_tune.outputs import svg
-from hcp_tune.outputs.regress import METHOD, Comparison
-from hcp_tune.outputs.regress_view import HEADERS, cells, next_steps, summary_line, winner_lines
+from hcp_tune.outputs.regress import Comparison
+from hcp_tune.outputs.regress.view import (
+    HEADERS,
+    cells,
+    next_steps,
+    shift_lines,
+    summary_line,
+    winner_lines,
+)
 from hcp_tune.outputs.report import KeySummary
 
 CSS = """
@@ -59,11 +66,12 @@ def _warnings(lines: list[str]) -> list[str]:
 def regress_page(report: Comparison) -> str:
     o = report.options
     body = [f"<p><b>{svg.esc(summary_line(report))}</b></p>"]
-    body += _warnings(winner_lines(report) + next_steps(report) + report.warnings)
+    body += _warnings(shift_lines(report) + winner_lines(report) + next_steps(report)
+                      + report.warnings)
     body.append(_table(HEADERS, [cells(c) for c in report.comparisons],
                        ["flagged" if c.flagged else "inconclusive" if c.inconclusive else ""
                         for c in report.comparisons]))
-    body.append(f'<p class="note">method: {svg.esc(METHOD)}; bootstrap seed {o.seed}.</p>')
+    body.append(f'<p class="note">method: {svg.esc(report.method)}.</p>')
     for k in report.keys:
         body.append(f"<h2>{svg.esc(k.name)}</h2>")
         body.append(f"<p>winner: {svg.esc(k.base_winner)} ({svg.esc(o.baseline)}) &rarr; "
@@ -74,14 +82,16 @@ def regress_page(report: Comparison) -> str:
             continue
         rows = [f"{c.layout} {c.comm_type}" for c in k.layouts]
         ratio = svg.RowsChart(
-            "ratio", rows, f"step time ratio {o.candidate} / {o.baseline} ({o.ci * 100:g}% "
-            "interval; green: the tolerance, a verdict needs the whole interval on one side)", ["ratio"], vlines=[(1.0, "no change")],
-            bands=[(i, 1 - c.bound, 1 + c.bound) for i, c in enumerate(k.layouts)])
+            "ratio", rows, f"judged step time ratio {o.candidate} / {o.baseline} "
+            f"({o.ci * 100:g}% interval; green: +/- the threshold)", ["ratio"],
+            vlines=[(1.0, "no change")],
+            bands=[(i, 1 - o.threshold, 1 + o.threshold) for i, _ in enumerate(k.layouts)])
         for i, c in enumerate(k.layouts):
-            if c.ratio is not None:
+            if c.est is not None:
+                lo, hi = c.ci
                 ratio.marks.append(svg.Mark(
-                    i, c.ratio, 0, c.ci[0], c.ci[1],
-                    title=f"{c.layout}: ratio {c.ratio:.3f} [{c.ci[0]:.3f}, {c.ci[1]:.3f}], "
+                    i, c.est.ratio(), 0, lo, hi,
+                    title=f"{c.layout}: ratio {c.est.ratio():.3f} [{lo:.3f}, {hi:.3f}], "
                           f"{c.verdict}"))
         times = svg.RowsChart("step-times", rows, "per-trial median step time (s)",
                               [f"{o.baseline} (baseline)", f"{o.candidate} (candidate)"])

@@ -1,5 +1,5 @@
 """Env tags in the file names regress and report write: two tags never share a file."""
-from hcp_tune.outputs.regress_cli import slug
+from hcp_tune.outputs.regress.args import slug
 
 
 def test_a_name_is_kept_and_anything_else_is_encoded_without_collisions():

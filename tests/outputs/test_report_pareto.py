@@ -31,7 +31,7 @@ def test_a_report_of_every_key_read_a_key_folder_at_a_time_is_the_same_page(tmp_
 
     from hcp_tune.engine.store import ResultStore
     from hcp_tune.outputs import html_report, report
-    from hcp_tune.outputs.regress_cli import _every_key
+    from hcp_tune.outputs.regress.cli import _every_key
 
     root = store(tmp_path / "res", rows_for("b", 1, 2, [1.0, 1.2]) + rows_for("a", 2, 1, [0.9])
                  + rows_for("a", 1, 2, [1.1, 1.0], seq=8192)

@@ -3,6 +3,14 @@
 every layout is confirmed or cleared or the cap is reached, so a nightly job ends with a
 verdict.
 
+**Group-sequential design.** Each comparison of the loop is a look at the data; looking
+again after more trials and stopping at the first flag would inflate the false-alarm rate.
+So look ``k`` may spend only ``stats.look_alpha(t_k, t_{k-1})`` of the family-wise rate,
+with ``t`` the information fraction (the most trials per tag of a layout / ``max_trials``)
+and Lan-DeMets' O'Brien-Fleming spending function: early looks spend almost nothing (only
+a large change is confirmed on few trials), the spent increments add up to ``alpha`` at
+most, so by Bonferroni over the looks the rate over all looks stays within ``alpha``.
+
 Each round compares the stored rows, takes ``regress.settle_plan`` (per key and tag, the
 ``search.repeats`` that would likely settle its inconclusive layouts), runs those sweeps
 (a sweep resumes: only the missing trials are measured) and compares again. The candidate
@@ -20,15 +28,11 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from hcp_tune.engine.records import OLDER_ROW_DEFAULTS
 from hcp_tune.errors import EXIT_USAGE
-from hcp_tune.outputs.regress import (
-    COMPARED,
-    OLDER_ROW_DEFAULTS,
-    Comparison,
-    Options,
-    RegressError,
-    compare,
-)
+import hcp_tune.outputs.regress.stats as stats
+from hcp_tune.outputs.regress.model import COMPARED, Comparison, Options, compare
+from hcp_tune.outputs.regress.rows import RegressError
 
 MAX_ROUNDS = 10  # a bound on the loop: each round raises some key's repeats, capped too
 
@@ -44,7 +48,7 @@ def sweep_args(key: tuple, tag: str, repeats: int, extra: tuple[str, ...] = ()) 
     if m != 1:  # the key's micro-batches per step come from the global batch: gbs/(mbs*dp)
         fields.append(f"gbs={m * (given.get('mbs') or 1) * (given.get('dp') or 1)}")
     return ["sweep", *extra, *fields, f"env_tag={tag}", f"search.repeats={repeats}",
-            "search.early_stop=false"]
+            "search.purpose=regress"]
 
 
 def sweep_command(key: tuple, tag: str, repeats: int) -> str:
@@ -66,6 +70,11 @@ def settle_plan(report: Comparison) -> list[tuple[tuple, str, int]]:
     return plan
 
 
+def information(report: Comparison) -> float:
+    """The look's information fraction: the most trials per tag of a layout / max_trials."""
+    n = max((min(len(c.base_s), len(c.cand_s)) for c in report.comparisons), default=0)
+    return min(1.0, n / report.options.max_trials)
+
 
 def settle(load_rows: Callable[[], list[dict]], run_sweep: Callable[[list[str]], int],
            opts: Options, *, candidate_args: list[str],
@@ -74,7 +83,22 @@ def settle(load_rows: Callable[[], list[dict]], run_sweep: Callable[[list[str]],
     """The final comparison and one line per sweep run (its arguments and exit code). A
     sweep that refuses its input is a ``RegressError`` (exit 2); one that fails otherwise
     stops the settling with a warning in the report."""
-    report = compare(load_rows(), opts)
+    t_seen: list[float] = []
+
+    def look() -> Comparison:
+        rows = load_rows()
+        t = information(compare(rows, opts))
+        before = t_seen[-1] if t_seen else 0.0
+        t_seen.append(max(t, before))
+        report = compare(rows, opts, alpha=max(stats.look_alpha(t, before, opts.alpha), 1e-12))
+        report.warnings.append(
+            f"settle look {len(t_seen)}: {t:.2f} of the information of max_trials="
+            f"{opts.max_trials}; this look spends {report.alpha:.2g} of the family-wise rate "
+            f"{opts.alpha:g} (O'Brien-Fleming alpha spending, "
+            f"{stats.obf_spent(t_seen[-1], opts.alpha):.2g} spent so far)")
+        return report
+
+    report = look()
     asked: dict[tuple, int] = {}
     log: list[str] = []
     for _ in range(MAX_ROUNDS):
@@ -98,11 +122,11 @@ def settle(load_rows: Callable[[], list[dict]], run_sweep: Callable[[list[str]],
                     f"{rc}, its error above); fix candidate_args=/baseline_args= (they go to "
                     "every such sweep) and run regress again: stored trials are kept")
             if rc != 0:
-                report = compare(load_rows(), opts)
+                report = look()
                 report.warnings.append(f"settle stopped: the sweep `python -m hcp_tune "
                                        f"{' '.join(args)}` exited {rc}; the verdicts are from "
                                        "the trials stored so far")
                 return report, log
             asked[(key, tag)] = repeats
-        report = compare(load_rows(), opts)
+        report = look()
     return report, log

@@ -1,0 +1,341 @@
+"""``regress``'s statistics: numbers in, estimates and verdicts out (numpy and scipy.special
+only; no rows, no printing). ``model.py`` feeds it the per-trial step times of every layout
+of one comparison; docs/regress.md explains the rules and their measured error rates.
+
+**The model** (on the log scale, one comparison = one "night"): layout ``i``'s change
+``d_i = mean(log cand) - mean(log base)`` (or, paired, the mean of the pairs' differences)
+is ``mu + delta_i + e_i``: a **common shift** ``mu`` shared by every layout (a release-wide
+change, or the session the tag ran in), a **per-layout deviation** ``delta_i`` from it, and
+measurement error ``e_i``.
+
+- **Partial pooling of the noise.** Each layout's within-tag variance has few degrees of
+  freedom (8 at 5 trials per tag). It is shrunk toward the night's typical variance by the
+  empirical-Bayes rule of limma's moderated t (Smyth 2004): a scaled inverse-chi-square
+  prior whose scale ``s0^2`` and degrees of freedom ``d0`` are estimated from all layouts'
+  variances; the posterior variance ``(d0 s0^2 + d s^2) / (d0 + d)`` has ``d0 + d`` degrees
+  of freedom. A layout noisier than the rest keeps much of its own variance.
+- **The common shift** is the median of the ``d_i`` (a few deviating layouts do not move
+  it), with a random-effects standard error: the spread of true deviations ``tau^2``
+  (robust: the MAD of ``d_i`` squared, less the typical measurement variance) added to each
+  layout's variance, times pi/2 for the median. Needs ``POOL_MIN`` layouts; with fewer, no
+  shift is separated and each layout is judged on its whole change.
+- **Deviations** ``d_i - mu`` have variance ``v_i + se(mu)^2 + tau^2`` and a t
+  distribution on the moderated degrees of freedom: a layout is flagged when it stands out
+  from the night's spread of deviations, not merely from its own trials' noise. One
+  session per tag, each layout also meets the session in its own way (a layout x session
+  effect that no number of trials in that session averages away); ``tau`` holds it.
+- **Verdict** of each estimate (the shift, every deviation, for time and memory alike):
+  ``regression`` when the test of "no change" is rejected after Holm's step-down
+  correction over **every test of the comparison** (all layouts, both metrics, the shifts)
+  at family-wise rate ``alpha`` AND the estimate is beyond the threshold (``log(1 + t)``);
+  ``improvement`` likewise below ``log(1 - t)``; ``ok`` when the ``level`` interval lies
+  inside ``[log(1 - t), log(1 + t)]``; else ``inconclusive``. The rate controlled is the
+  **family-wise error rate**: the chance that any layout (or the shift) that did not change
+  is flagged. A layout whose true change sits at the threshold is flagged about half the
+  time: the threshold is a size cut on the estimate, not the null hypothesis.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+from scipy import special
+
+ALPHA = 0.05  # family-wise error rate over every test of one comparison (Holm)
+LEVEL = 0.95  # the intervals shown, and the "ok" rule
+POOL_MIN = 3  # layouts needed to separate a common shift from per-layout deviations
+SD_FLOOR = 1e-3  # smallest per-trial relative spread assumed (device memory is often exact)
+VAR_SPREAD_MAX = 100.0  # a layout's variance counts as at least the night's median / this
+POWER = 0.8  # the power `regress power` and the INCONCLUSIVE advice plan for
+SIM_NIGHTS = 200  # nights simulated per trial count when planning power
+MEM_SD = 0.002  # per-trial spread of a device memory reading in those simulations
+MEDIAN_EFF = math.pi / 2  # variance of a median of normal estimates / that of their mean
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A change on the log scale: estimate, standard error, degrees of freedom, the
+    two-sided p-value of "no change", Holm's adjusted p, the interval and the verdict."""
+
+    est: float
+    se: float
+    df: float
+    p: float
+    p_adj: float = 1.0
+    verdict: str = "inconclusive"  # regression | improvement | ok | inconclusive
+
+    def interval(self, level: float = LEVEL) -> tuple[float, float]:
+        q = t_quantile(1 - (1 - level) / 2, self.df) * self.se
+        return self.est - q, self.est + q
+
+    def ratio(self) -> float:
+        return math.exp(self.est)
+
+    def ratio_interval(self, level: float = LEVEL) -> tuple[float, float]:
+        lo, hi = self.interval(level)
+        return math.exp(lo), math.exp(hi)
+
+
+@dataclass(frozen=True)
+class Night:
+    """One metric of one comparison: the common shift (None below ``POOL_MIN`` layouts) and
+    each layout's deviation from it (its whole change when no shift is separated)."""
+
+    shift: Optional[Estimate]
+    layouts: tuple[Estimate, ...]
+    s0: float  # the night's typical per-trial relative spread (the prior's scale)
+    d0: float  # the prior's degrees of freedom (inf: every layout shares one variance)
+    tau: float  # spread of the true per-layout deviations (random-effects estimate)
+
+
+def t_quantile(p: float, df: float) -> float:
+    return float(special.ndtri(p)) if not math.isfinite(df) or df > 1e6 else float(
+        special.stdtrit(df, p))
+
+
+def two_sided_p(z: float, df: float) -> float:
+    if not math.isfinite(df) or df > 1e6:
+        return float(2 * special.ndtr(-abs(z)))
+    return float(2 * special.stdtr(df, -abs(z)))
+
+
+def change(base: Sequence[float], cand: Sequence[float],
+           paired: bool = False) -> tuple[float, float, float, float]:
+    """(d, per-trial variance s^2, its degrees of freedom, the factor v = s^2 * factor) of
+    one layout: the log ratio of geometric means; paired: the mean of the pairs' log
+    differences (pairs in the order given, as many as both have)."""
+    b, c = np.log(np.asarray(base, float)), np.log(np.asarray(cand, float))
+    if paired:
+        n = min(len(b), len(c))
+        diff = c[:n] - b[:n]
+        return float(diff.mean()), float(diff.var(ddof=1)) if n > 1 else 0.0, n - 1, 1 / n
+    nb, nc = len(b), len(c)
+    ss = float(((b - b.mean()) ** 2).sum() + ((c - c.mean()) ** 2).sum())
+    df = nb + nc - 2
+    return float(c.mean() - b.mean()), ss / df if df > 0 else 0.0, df, 1 / nb + 1 / nc
+
+
+def _trigamma_inverse(y: float) -> float:
+    """x with trigamma(x) = y (Newton's method on 1/trigamma, as limma does)."""
+    if y > 1e7:
+        return 1 / math.sqrt(y)
+    if y < 1e-6:
+        return 1 / y
+    x = 0.5 + 1 / y
+    for _ in range(50):
+        tri = float(special.polygamma(1, x))
+        step = tri * (1 - tri / y) / float(special.polygamma(2, x))
+        x += step
+        if -step / x < 1e-8:
+            break
+    return x
+
+
+def moderate(s2: Sequence[float], df: Sequence[float]) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """limma's moderated variances: (posterior s^2, its df, prior s0^2, prior d0)."""
+    s2 = np.maximum(np.asarray(s2, float), SD_FLOOR ** 2)
+    # a variance far below the night's (identical readings on few trials) is not evidence
+    # of a quiet layout, and on the log scale it would drag the prior's scale down
+    s2 = np.maximum(s2, float(np.median(s2)) / VAR_SPREAD_MAX)
+    df = np.asarray(df, float)
+    ok = df > 0
+    if ok.sum() < 2:
+        return s2, df, float(np.median(s2)), 0.0
+    e = np.log(s2[ok]) - special.digamma(df[ok] / 2) + np.log(df[ok] / 2)
+    # robust to a layout or two of odd variance (Phipson et al. 2016 in spirit): clip the
+    # log-variances at 3 MADs around their median before the moments are taken
+    mid = float(np.median(e))
+    spread = 3 * 1.4826 * float(np.median(np.abs(e - mid))) or math.inf
+    e = np.clip(e, mid - spread, mid + spread)
+    ebar = float(e.mean())
+    n = int(ok.sum())
+    excess = float(np.mean((e - ebar) ** 2 * n / (n - 1) - special.polygamma(1, df[ok] / 2)))
+    cap = float(df[ok].sum())  # never more prior information than the night holds
+    if excess > 0:
+        d0 = min(2 * _trigamma_inverse(excess), cap)
+        s0sq = math.exp(ebar + float(special.digamma(d0 / 2)) - math.log(d0 / 2))
+    else:
+        d0, s0sq = cap, math.exp(ebar)
+    post = np.where(ok, (d0 * s0sq + df * s2) / (d0 + df), s0sq)
+    return np.maximum(post, SD_FLOOR ** 2), df + d0, s0sq, d0
+
+
+def holm(p: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error rate)."""
+    m = len(p)
+    order = sorted(range(m), key=lambda i: p[i])
+    out = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def night(changes: Sequence[tuple[float, float, float, float]]) -> Night:
+    """The common shift and per-layout deviations (unadjusted p-values, no verdicts yet)
+    of one metric from each layout's ``change``."""
+    d = np.array([c[0] for c in changes], float)
+    post, pdf, s0sq, d0 = moderate([c[1] for c in changes], [c[2] for c in changes])
+    v = post * np.array([c[3] for c in changes], float)
+    if len(d) < POOL_MIN:
+        ests = tuple(_estimate(float(x), math.sqrt(vi), float(dfi))
+                     for x, vi, dfi in zip(d, v, pdf))
+        return Night(None, ests, math.sqrt(s0sq), d0, 0.0)
+    mu = float(np.median(d))
+    mad = 1.4826 * float(np.median(np.abs(d - mu)))
+    tau2 = max(0.0, mad ** 2 - float(np.median(v)))
+    se_mu = math.sqrt(MEDIAN_EFF * float(np.mean(v + tau2)) / len(d))
+    shift = _estimate(mu, se_mu, float(pdf.sum()))
+    ests = tuple(_estimate(float(x - mu), math.sqrt(vi + se_mu ** 2 + tau2), float(dfi))
+                 for x, vi, dfi in zip(d, v, pdf))
+    return Night(shift, ests, math.sqrt(s0sq), d0, math.sqrt(tau2))
+
+
+def _estimate(est: float, se: float, df: float) -> Estimate:
+    se = max(se, 1e-12)
+    return Estimate(est, se, df, two_sided_p(est / se, df))
+
+
+def judge(e: Estimate, p_adj: float, threshold: float, alpha: float = ALPHA,
+          level: float = LEVEL) -> Estimate:
+    """``e`` with Holm's adjusted p and its verdict (the module docstring's rule)."""
+    up, down = math.log1p(threshold), math.log1p(-min(threshold, 0.99))
+    lo, hi = e.interval(level)
+    if p_adj <= alpha and e.est > up:
+        said = "regression"
+    elif p_adj <= alpha and e.est < down:
+        said = "improvement"
+    elif lo >= down and hi <= up:
+        said = "ok"
+    else:
+        said = "inconclusive"
+    return Estimate(e.est, e.se, e.df, e.p, p_adj, said)
+
+
+def judge_all(nights: Sequence[Night], threshold: Sequence[float], alpha: float = ALPHA,
+              level: float = LEVEL) -> list[Night]:
+    """Every estimate of every night judged, Holm's correction over all of them at once."""
+    flat = [(k, e) for k, n in enumerate(nights)
+            for e in ((n.shift,) if n.shift else ()) + n.layouts]
+    adj = holm([e.p for _, e in flat])
+    judged = [judge(e, a, threshold[k], alpha, level) for (k, e), a in zip(flat, adj)]
+    out, i = [], 0
+    for n in nights:
+        shift = None
+        if n.shift:
+            shift, i = judged[i], i + 1
+        out.append(Night(shift, tuple(judged[i:i + len(n.layouts)]), n.s0, n.d0, n.tau))
+        i += len(n.layouts)
+    return out
+
+
+def z_holm_first(alpha: float, tests: int) -> float:
+    """The |z| Holm's first step needs: the conservative bar a planned test must clear."""
+    return float(special.ndtri(1 - alpha / (2 * max(1, tests))))
+
+
+def power_at(n: int, effect: float, sd: float, threshold: float, alpha: float, tests: int,
+             layouts: int = 48) -> float:
+    """P(a layout changed by ``effect`` (0.07 = 7% slower, -0.07 faster) is confirmed) at
+    ``n`` trials per tag and per-trial relative spread ``sd``: the normal approximation of
+    ``judge`` with Holm's first-step bar (conservative)."""
+    e = abs(math.log1p(effect))
+    cut = math.log1p(threshold) if effect > 0 else -math.log1p(-min(threshold, 0.99))
+    se = sd * math.sqrt(2 / n) * math.sqrt(1 + MEDIAN_EFF / max(layouts, 1))
+    bar = max(cut, z_holm_first(alpha, tests) * se)
+    return float(special.ndtr((e - bar) / se))
+
+
+def simulated_power(n: int, effect: float, sd: float, threshold: float, alpha: float = ALPHA,
+                    layouts: int = 48, changed: int = 0, nights: int = SIM_NIGHTS,
+                    seed: int = 0) -> float:
+    """The share of changed layouts this module's rule confirms: ``nights`` simulated
+    nights of ``layouts`` layouts, ``n`` trials per tag with per-trial relative spread
+    ``sd``, ``changed`` of them (default one in eight) changed by ``effect``, a memory
+    reading per trial (0.2% spread) judged in the same Holm family as time."""
+    rng = np.random.default_rng(seed)
+    changed = changed or max(1, round(layouts / 8))
+    shift = math.log1p(effect)
+    want = "regression" if effect > 0 else "improvement"
+    hits = 0
+    for _ in range(nights):
+        base, cand = rng.normal(0, sd, (2, layouts, n))
+        cand[:changed] += shift
+        mem = rng.normal(0, MEM_SD, (2, layouts, n))
+        judged = judge_all([night(_changes(base, cand)), night(_changes(*mem))],
+                           [threshold, threshold], alpha)
+        hits += sum(e.verdict == want for e in judged[0].layouts[:changed])
+    return hits / (nights * changed)
+
+
+def _changes(base: np.ndarray, cand: np.ndarray) -> list[tuple[float, float, float, float]]:
+    """``change`` of every layout (rows of log step times), vectorised."""
+    nb, nc = base.shape[1], cand.shape[1]
+    ss = ((base - base.mean(1, keepdims=True)) ** 2).sum(1) + (
+        (cand - cand.mean(1, keepdims=True)) ** 2).sum(1)
+    d = cand.mean(1) - base.mean(1)
+    df = nb + nc - 2
+    return [(float(x), float(v) / df, df, 1 / nb + 1 / nc) for x, v in zip(d, ss)]
+
+
+@functools.lru_cache(maxsize=256)
+def trials_for_power(effect: float, sd: float, threshold: float, alpha: float = ALPHA,
+                     tests: int = 97, layouts: int = 48, power: float = POWER,
+                     cap: int = 1000, nights: int = SIM_NIGHTS) -> Optional[int]:
+    """The fewest trials per tag (>= 3) at which ``simulated_power`` reaches ``power``;
+    None when no number up to ``cap`` does (a change at or within the threshold never is).
+    The normal approximation ``power_at`` gives the first guess (it is optimistic: it
+    leaves out the estimated spread of deviations and the t quantiles), the simulation
+    the answer; ``tests`` is only the approximation's."""
+    if abs(effect) <= threshold:
+        return None
+    if sd <= 0:
+        return 3
+    sim = lambda k: simulated_power(k, effect, sd, threshold, alpha, layouts,  # noqa: E731
+                                    nights=nights)
+    lo = 3
+    while lo < cap and power_at(lo, effect, sd, threshold, alpha, tests, layouts) < power:
+        lo += 1
+    lo = max(3, lo - 1)
+    if sim(lo) >= power:
+        return lo
+    hi = lo
+    while sim(hi) < power:  # grow until enough, then bisect between lo and hi
+        lo, hi = hi, min(cap, math.ceil(hi * 1.5) + 1)
+        if lo == cap:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if sim(mid) >= power else (mid, hi)
+    return hi
+
+
+def trials_to_clear(effect: float, sd: float, threshold: float, level: float = LEVEL,
+                    power: float = POWER, cap: int = 1000) -> Optional[int]:
+    """The fewest trials per tag at which a change of ``effect`` (inside the threshold)
+    gets an interval inside +/- threshold with ``power``; None beyond ``cap``."""
+    gap = math.log1p(threshold) - abs(math.log1p(effect))
+    if gap <= 0 or sd <= 0:
+        return None if gap <= 0 else 3
+    z = float(special.ndtri(1 - (1 - level) / 2)) + float(special.ndtri(power))
+    n = math.ceil(2 * (z * sd / gap) ** 2)
+    return max(3, n) if n <= cap else None
+
+
+def obf_spent(t: float, alpha: float = ALPHA) -> float:
+    """Lan-DeMets O'Brien-Fleming spending: the error rate spent by information fraction
+    ``t`` (0..1): ``2 - 2 Phi(z_{alpha/2} / sqrt(t))``."""
+    if t <= 0:
+        return 0.0
+    z = float(special.ndtri(1 - alpha / 2))
+    return float(2 - 2 * special.ndtr(z / math.sqrt(min(t, 1.0))))
+
+
+def look_alpha(t_now: float, t_before: float, alpha: float = ALPHA) -> float:
+    """The family-wise rate a look at information ``t_now`` may spend after the looks up to
+    ``t_before``: the increments add up to ``alpha`` at most (Bonferroni over the looks)."""
+    return max(obf_spent(t_now, alpha) - obf_spent(t_before, alpha), 0.0)

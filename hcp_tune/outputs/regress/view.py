@@ -1,0 +1,198 @@
+"""How a ``regress`` comparison is shown: the terminal table (rich, at ``$COLUMNS``, 100 by
+default, verdicts never cut) and the Markdown file. The HTML page with plots is
+``hcp_tune/outputs/html_report.py``; every number and verdict comes from ``model.py``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from hcp_tune.outputs.regress.model import Comparison, LayoutComparison
+from hcp_tune.outputs.regress.rows import key_text
+from hcp_tune.outputs.regress.settle import settle_plan, sweep_command
+from hcp_tune.outputs.regress.stats import Estimate
+
+HEADERS = ("key", "layout", "n b/c", "base s", "ratio", "vs shift", "interval", "verdict",
+           "mem", "mem verdict")
+TERM_HEADERS = ("layout", "n", "ratio", "vs shift", "interval", "verdict", "memory")
+VERDICT = {"regression": "REGRESSION", "improvement": "UNEXPECTED SPEED-UP",
+           "failing": "FAILING (no ok trial)", "ok": "ok", "inconclusive": "INCONCLUSIVE",
+           "n/a": "n/a"}
+
+
+def fmt(v: Optional[float], spec: str = ".4g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v * 100:.1f}%"
+
+
+def verdict_text(c: LayoutComparison) -> str:
+    if c.verdict == "inconclusive":
+        return f"INCONCLUSIVE ~{c.needed}/tag" if c.needed else "INCONCLUSIVE"
+    return VERDICT[c.verdict]
+
+
+def mem_text(c: LayoutComparison) -> str:
+    said = VERDICT[c.mem_verdict]
+    return said.replace("SPEED-UP", "SHRINK") if c.mem_verdict == "improvement" else said
+
+
+def cells(c: LayoutComparison) -> list[str]:
+    """One row: the key, the layout, trials, the baseline's median, the whole change, the
+    judged estimate (the deviation from the common shift) and its interval, the verdicts."""
+    med = sorted(c.base_s)[len(c.base_s) // 2] if c.base_s else None
+    lo, hi = c.ci
+    dev = c.est.ratio() if c.est else None
+    return [key_text(c.key), f"{c.layout} {c.comm_type}".strip(),
+            f"{len(c.base_s)}/{len(c.cand_s)}", fmt(med), fmt(c.ratio, ".3f"),
+            fmt(dev, ".3f"), f"{fmt(lo, '.3f')}-{fmt(hi, '.3f')}" if lo is not None else "-",
+            verdict_text(c), fmt(c.mem_ratio, ".3f"), mem_text(c)]
+
+
+def term_cells(c: LayoutComparison) -> list[str]:
+    """The terminal's narrower row (100 columns): the layout, trials per tag, the whole
+    change, the judged estimate with its interval, the verdict, memory's ratio and verdict."""
+    full = cells(c)
+    n = f"{len(c.base_s)}" if len(c.base_s) == len(c.cand_s) else full[2]
+    memory = "n/a" if c.mem_verdict == "n/a" else f"{full[8]} {full[9]}"
+    return [full[1], n, full[4], full[5], full[6], full[7], memory]
+
+
+def shift_lines(report: Comparison) -> list[str]:
+    """The common shift of each metric: the release-wide verdict (or why there is none)."""
+    o = report.options
+    if not report.shifts:
+        return [f"common shift: not separated ({len(report.comparisons)} layout(s); "
+                "3 or more are needed): each layout is judged on its whole change"]
+    cause = ("the tags were interleaved: the session effect cancels" if o.design == "interleaved"
+             else "one session per tag: this shift holds the session effect as well as the "
+             "release's")
+    out = []
+    for name, e in report.shifts:
+        lo, hi = e.ratio_interval(o.ci)
+        limit = o.threshold if name == "step time" else o.mem_threshold
+        out.append(f"common shift of {name} over {len(report.comparisons)} layouts: ratio "
+                   f"{e.ratio():.3f} [{lo:.3f}, {hi:.3f}] -> {_shift_verdict(e)} "
+                   f"(threshold {pct(limit)}; {cause})")
+    return out
+
+
+def _shift_verdict(e: Estimate) -> str:
+    return {"regression": "REGRESSION of the release", "improvement":
+            "UNEXPECTED SPEED-UP of the release"}.get(e.verdict, VERDICT[e.verdict])
+
+
+def winner_lines(report: Comparison) -> list[str]:
+    out = []
+    for k in report.keys:
+        if k.winner_changed:
+            tie = " (within noise: a tie)" if k.winner_tie else ""
+            out.append(f"winner changed for {k.name}: {k.base_winner} -> {k.cand_winner}{tie}")
+    return out
+
+
+def next_steps(report: Comparison) -> list[str]:
+    """What settles the inconclusive layouts, and why memory was not judged where it was not."""
+    o = report.options
+    out = [f"to settle (80% power at the observed change; a sweep resumes: only the missing "
+           f"trials run; add the executor/container overrides the sweep ran with; or regress "
+           f"... settle=true): {sweep_command(key, tag, n)}" for key, tag, n in settle_plan(report)]
+    for c in report.inconclusive:
+        if not c.needed:
+            out.append(f"{key_text(c.key)} {c.layout}: inconclusive, and the change is about "
+                       f"the size of the threshold ({pct(o.threshold)}): more than "
+                       f"{o.max_trials} trials per tag would be needed (max_trials=)")
+    reasons: dict[str, list[str]] = {}
+    for c in report.comparisons:
+        if c.mem_verdict == "n/a" and c.mem_reason:
+            reasons.setdefault(c.mem_reason, []).append(c.layout)
+    out += [f"memory not judged for {', '.join(layouts)}: {why}"
+            for why, layouts in reasons.items()]
+    return out
+
+
+def rate_text(report: Comparison) -> str:
+    """The error rate the verdicts control, as every summary states it."""
+    return (f"family-wise error rate {report.alpha:.2g} (Holm over {report.tests} tests: "
+            "the chance that anything unchanged is flagged)")
+
+
+def summary_line(report: Comparison) -> str:
+    o = report.options
+    flagged, unsure, n = report.flagged, report.inconclusive, len(report.comparisons)
+    what = (f"{len(flagged)} of {n} key/layout(s) flagged" if flagged
+            else f"no confirmed change in {n} key/layout(s)" if unsure
+            else f"no regression in {n} key/layout(s)")
+    if report.shift_flagged:
+        what += "; " + ", ".join(f"common {name} shift {VERDICT[e.verdict]} x{e.ratio():.3f}"
+                                 for name, e in report.shift_flagged)
+    if unsure:
+        what += f"; {len(unsure)} inconclusive (measure more)"
+    design = "interleaved ABAB" if o.design == "interleaved" else "one session per tag"
+    return (f"regress {o.baseline} -> {o.candidate}: {what} (threshold {pct(o.threshold)}, "
+            f"memory {pct(o.mem_threshold)}, {rate_text(report)}; design: {design}; "
+            f"exit {report.exit_code})")
+
+
+def print_report(report: Comparison, written: list[str]) -> None:
+    """One table per key (the key is its title), then plain lines a script can grep; the
+    verdict columns are never wrapped or cut, the others fold to fit the width."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    from hcp_tune.outputs.ui import console, say
+
+    out = console()
+    o = report.options
+    for k in report.keys:
+        table = Table(title=escape(f"{o.baseline} -> {o.candidate}: {k.name}"),
+                      box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        rows = [term_cells(c) for c in k.layouts]
+        for i, h in enumerate(TERM_HEADERS):
+            keep = h != "layout"  # numbers and verdicts whole; the layout may fold
+            width = max([len(h)] + [len(r[i]) for r in rows]) if keep else None
+            table.add_column(escape(h), no_wrap=keep, min_width=width, overflow="fold")
+        for c, row in zip(k.layouts, rows):
+            table.add_row(*map(escape, row), style="bold red" if c.flagged else
+                          "yellow" if c.inconclusive else None)
+        out.print(table)
+    say(*(shift_lines(report) + winner_lines(report)))
+    for line in next_steps(report):
+        print(line)  # a command the user copies: never wrapped
+    say(*[f"warning: {w}" for w in report.warnings], f"method: {report.method}",
+        summary_line(report))
+    for path in written:
+        print(f"wrote {path}")
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown(report: Comparison) -> str:
+    lines = [f"# Regression: {report.options.baseline} (baseline) vs "
+             f"{report.options.candidate} (candidate)", "", summary_line(report), ""]
+    lines += ["## Common shift", ""] + [f"- {_md_escape(x)}" for x in shift_lines(report)]
+    lines.append("")
+    if report.warnings:
+        lines += ["## Warnings", ""] + [f"- {_md_escape(w)}" for w in report.warnings] + [""]
+    steps = next_steps(report)
+    if steps:
+        lines += ["## Next steps", ""] + [f"- {_md_escape(x)}" for x in steps] + [""]
+    lines += ["## Winners", ""]
+    for k in report.keys:
+        mark = " **changed**" + (" (tie)" if k.winner_tie else "") if k.winner_changed else ""
+        lines.append(f"- {k.name}: {k.base_winner} -> {k.cand_winner}{mark}")
+    if not winner_lines(report):
+        lines += ["", "No key's winning layout changed."]
+    lines += ["", "## Per key and layout", "",
+              "`ratio`: the layout's whole change; `vs shift`: its deviation from the common "
+              "shift (what is judged when a shift is separated), with its interval.", "",
+              "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for c in report.comparisons:
+        lines.append("| " + " | ".join(_md_escape(x) for x in cells(c)) + " |")
+    lines += ["", "## Method", "", report.method + ".", ""]
+    return "\n".join(lines)
+

@@ -1,0 +1,136 @@
+"""``regress`` as a new user meets it: report files that keep the whole tag, a table that
+fits 100 columns without cutting a verdict, ``regress power`` and ``regress run``'s input
+checks (one line, exit 2), and a tag swept with early stopping explained. In-process
+(``hcp_tune.cli.main``): no interpreter start per case."""
+import random
+import re
+
+import pytest
+from helpers import CUDA_MEM, rows_for, store
+
+from hcp_tune.cli import main
+
+LAYOUTS = [(seq, a2a, 8 // a2a) for seq in (4096, 8192, 16384) for a2a in (1, 2, 4, 8)]
+
+
+def stored(tmp_path, base="te-2.9", cand="te-2.10", slow=1.08, n=5, sd=0.02, seed=0):
+    rng = random.Random(seed)
+    rows = []
+    for i, (seq, a2a, p2p) in enumerate(LAYOUTS):
+        for tag, f in ((base, 1.0), (cand, slow if i in (1, 6) else 1.0)):
+            rows += rows_for(tag, a2a, p2p, [f * rng.lognormvariate(0, sd) for _ in range(n)],
+                             seq=seq, mem=1000, mem_note=CUDA_MEM)
+    rows += rows_for(cand, 1, 8, [2.0] * 3, seq=32768) + rows_for(base, 1, 8, [1.0] * 3,
+                                                                  seq=32768)
+    return store(tmp_path / "res", rows)
+
+
+def test_report_files_keep_the_whole_tag_and_verdicts_are_never_cut(tmp_path, monkeypatch,
+                                                                  capsys):
+    monkeypatch.setenv("COLUMNS", "100")
+    res = stored(tmp_path)
+    assert main(["regress", "baseline=te-2.9", "candidate=te-2.10", f"results_dir={res}"]) == 1
+    out = capsys.readouterr().out
+    names = sorted(p.name for p in res.glob("regress-*"))
+    assert names == ["regress-te-2.9-vs-te-2.10.html", "regress-te-2.9-vs-te-2.10.md"]
+    table = [line for line in out.splitlines() if line.startswith(" [")]
+    assert len(table) == len(LAYOUTS) + 1 and all(len(line) <= 100 for line in table)
+    whole = re.compile(r" (ok|REGRESSION|INCONCLUSIVE ~\d+/tag|INCONCLUSIVE) +"
+                       r"(1\.\d{3} ok|n/a) *$")
+    assert all(whole.search(line) for line in table), table  # verdict and memory whole
+    assert sum(" REGRESSION " in line for line in table) >= 1  # the layout 2x slower
+    assert "…" not in out
+    assert "family-wise error rate 0.05 (Holm over" in out
+
+
+def test_two_candidate_tags_never_share_a_report(tmp_path, capsys):
+    res = stored(tmp_path)
+    stored(tmp_path, cand="te-2.11")  # the same results folder, a third tag
+    for cand in ("te-2.10", "te-2.11"):
+        main(["regress", "baseline=te-2.9", f"candidate={cand}", f"results_dir={res}"])
+    capsys.readouterr()
+    assert {p.name for p in res.glob("regress-*.md")} == {
+        "regress-te-2.9-vs-te-2.10.md", "regress-te-2.9-vs-te-2.11.md"}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["effect=-1"], "effect=-1: expected the change to detect, a fraction > -1"),
+    (["effect=abc"], "effect='abc': expected a number, e.g. effect=0.07"),
+    (["effect=0.03"], "effect=0.03 is within the threshold (0.05)"),
+    (["noise=0.02"], "regress power needs effect="),
+    (["effect=0.07", "noise=-0.1"], "noise=-0.1: expected the per-trial relative spread"),
+    (["effect=0.07", "layouts=0"], "layouts=0: expected the number of layouts compared"),
+    (["effect=0.07", "colour=red"], "colour=red: regress power takes key=value arguments"),
+])
+def test_regress_power_bad_input_is_one_line_exit_2(args, message, capsys, tmp_path):
+    assert main(["regress", "power", *args, f"results_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_regress_power_answers_with_the_trials_and_the_sweep_setting(capsys):
+    assert main(["regress", "power", "effect=0.1", "noise=0.02"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # prose wraps at the width
+    n = int(out.split(" trials per tag")[0].rsplit(" ", 1)[1])
+    assert 3 <= n <= 10 and f"search.repeats={n} search.purpose=regress" in out
+    assert "family-wise rate 0.05 over 98 tests (48 layouts" in out
+
+
+def test_regress_power_reads_the_noise_from_stored_trials(tmp_path, capsys):
+    res = stored(tmp_path, sd=0.03)
+    assert main(["regress", "power", "effect=0.2", "layouts=8", f"results_dir={res}",
+                 "baseline=te-2.9"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(read from the stored trials of te-2.9)" in out
+    noise = float(out.split("per-trial noise ")[1].split("%")[0])
+    assert 1.5 < noise < 4.5  # the 3% drawn, estimated from 15 layouts x 5 trials
+
+
+@pytest.mark.parametrize("args,message", [
+    (["baseline=a", "candidate=b", "candidate_args=cp=4"], "regress run needs baseline_args="),
+    (["baseline=a", "candidate=b", "baseline_args=cp=4", "candidate_args=cp=4", "trials=2"],
+     "trials=2: expected the trials per tag, an integer from 3"),
+])
+def test_regress_run_bad_input_is_one_line_exit_2(args, message, capsys):
+    assert main(["regress", "run", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_tag_swept_with_early_stopping_is_explained(tmp_path, capsys):
+    rows = (rows_for("old", 2, 2, [1.0] * 3) + rows_for("new", 2, 2, [1.0])
+            + rows_for("new", 2, 2, [1.0, 1.0], status="pruned"))
+    res = store(tmp_path / "res", rows)
+    assert main(["regress", "baseline=old", "candidate=new", f"results_dir={res}"]) == 2
+    err = capsys.readouterr().err
+    assert "2 of their trials were pruned (stopped early)" in err
+    assert "search.purpose=regress" in err
+
+
+def test_regress_run_alternates_the_tags_round_by_round_and_pairs_them(tmp_path, monkeypatch,
+                                                                       capsys):
+    """``regress run``: round r sweeps A then B to r trials each (ABAB), every sweep
+    never early-stops, and the verdict rests on the pairs (``design: interleaved``): a
+    drift through the night that one session per tag would read as noise cancels."""
+    from hcp_tune.outputs.regress import plan
+
+    res = tmp_path / "res"
+    calls = []
+
+    def sweep(args):  # stands in for `python -m hcp_tune sweep ...`: one trial per layout
+        kv = dict(a.split("=", 1) for a in args[1:])
+        calls.append((kv["env_tag"], int(kv["search.repeats"]), kv["search.purpose"]))
+        r = int(kv["search.repeats"])
+        slow = 1.08 if kv["env_tag"] == "te-2.10" else 1.0
+        store(res, rows_for(kv["env_tag"], 2, 2, [slow * (1 + 0.06 * r)]))
+        return 0
+
+    monkeypatch.setattr(plan, "run_sweep", sweep)
+    rc = main(["regress", "run", "baseline=te-2.9", "candidate=te-2.10", "trials=5",
+               "baseline_args=cp=4 executor=local", "candidate_args=cp=4 executor=local",
+               f"results_dir={res}"])
+    out = " ".join(capsys.readouterr().out.split())  # prose wraps at the width
+    assert [c[:2] for c in calls] == [(t, r) for r in range(1, 6) for t in ("te-2.9", "te-2.10")]
+    assert {c[2] for c in calls} == {"regress"}
+    assert rc == 1 and "design: interleaved ABAB" in out and " REGRESSION " in out
+    assert (res / "regress-te-2.9-vs-te-2.10.md").exists()
