@@ -27,6 +27,12 @@ Two parts:
    and a 95% interval from resampling the sessions (not the draws: the draws within one
    pair are not independent evidence).
 
+3. **The recorded H200 pool** (``benchmarks/recordings/h200-attention-compute.jsonl``,
+   ``benchmarks/gpu_recording.py``: one rank's attention compute for the 4 splits of cp=8 at
+   two sequence lengths, 3 sessions of 8 interleaved trials on one H200): the same A/A
+   design by session pair on 8 layouts of real GPU noise, and power with a planted 7%
+   slowdown (2 of 8 layouts, or all of them) on the candidate session's trials.
+
 **Not tuned on what it reports.** The rule's constants (alpha 0.05, the median shift, the
 3-MAD clip of the moderated variances, the variance floor) were set while developing with
 seeds below 1000; every figure here uses seeds from ``--seed`` (default 1,000,000), never
@@ -52,6 +58,7 @@ sys.path.insert(0, str(REPO))
 from hcp_tune.outputs.regress import Options, compare, stats, usable  # noqa: E402
 
 POOL = REPO / "benchmarks" / "regress_pool_rows.jsonl"
+GPU_POOL = REPO / "benchmarks" / "recordings" / "h200-attention-compute.jsonl"
 CLEAN = ("pool-1", "pool-2", "pool-3", "pool-4")
 CUDA_MEM = "torch.cuda.max_memory_allocated over the measured steps, max over ranks"
 LAYOUTS = [(seq, cp, a2a) for seq in (8192, 32768, 65536, 131072) for cp in (8, 16, 32)
@@ -305,6 +312,73 @@ def pool_part(draws: int, seed: int) -> list[str]:
     return lines
 
 
+def gpu_rows() -> dict[tuple[str, tuple[int, int]], list[dict]]:
+    """The H200 recording as regress rows: (session, (seq, a2a)) -> its trials."""
+    by: dict = {}
+    for line in GPU_POOL.read_text().splitlines():
+        r = json.loads(line)
+        row = trial("x", r["seq"], r["cp"], r["a2a"], r["trial"], r["median_s"], None, r["trial"])
+        by.setdefault((r["session"], (r["seq"], r["a2a"])), []).append(row)
+    return by
+
+
+def gpu_part(draws: int, seed: int) -> list[str]:
+    by = gpu_rows()
+    sessions = sorted({s for s, _ in by})
+    layouts = sorted({k for _, k in by})
+    rng = random.Random(seed)
+
+    def night(x, y, slow=(), factor=1.0):
+        rows = []
+        for k in layouts:
+            rows += [{**r, "env_tag": "base"} for r in rng.sample(by[(x, k)], 5)]
+            f = factor if k in slow else 1.0
+            rows += [{**r, "env_tag": "cand", "median_s": r["median_s"] * f}
+                     for r in rng.sample(by[(y, k)], 5)]
+        return compare(rows, OPTS)
+
+    pairs = [(x, y) for x in sessions for y in sessions if x != y]
+    aa = {p: sum(bool(rep.flagged or rep.shift_flagged) for rep in
+                 (night(*p) for _ in range(draws))) for p in pairs}
+    hit = false = nights_clean = uni = 0
+    for i in range(draws * len(pairs)):
+        x, y = pairs[i % len(pairs)]
+        slow = rng.sample(layouts, 2)
+        rep = night(x, y, slow, 1.07)
+        got = {(c.key[5], c.a2a) for c in rep.flagged if c.verdict == "regression"}
+        hit += len(got & set(slow))
+        false += len(got - set(slow))
+        nights_clean += not (got - set(slow))
+        rep = night(x, y, layouts, 1.07)
+        uni += bool(rep.shift_flagged or rep.flagged)
+    n = draws * len(pairs)
+    meds = ["| session | " + " | ".join(f"{s}/[{a},{8 // a}]" for s, a in layouts) + " |",
+            "|---|" + "---|" * len(layouts)]
+    for s in sessions:
+        meds.append(f"| {s} | " + " | ".join(
+            f"{statistics.median(r['median_s'] for r in by[(s, k)]) * 1e3:.3f}"
+            for k in layouts) + " |")
+    total = sum(aa.values())
+    lines = ["## 5. The recorded H200 pool, resampled by session", "",
+             "Real GPU noise: `benchmarks/gpu_recording.py` on one H200 (torch's flash "
+             "attention, one CP rank's compute for each split of cp=8 at seq 32768 and 131072; "
+             "no communication: see RESULTS-gpu-recording.md), 3 sessions (processes) of 8 "
+             "interleaved trials. Session medians in ms, per seq/layout:", ""] + meds + ["",
+             f"One session per tag, 8 layouts, 5 trials per tag and layout, {draws} draws per "
+             "ordered session pair. A/A nights with a confirmed change:", "",
+             "| baseline session | candidate session | confirmed change |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {100 * v / draws:.0f}% |" for (a, b), v in aa.items()]
+    lines += ["", f"All pairs: {pct(total, draws * len(pairs))} (the interval treats draws as "
+              "independent; with 3 sessions the honest unit is the 6 pairs above).", "",
+              f"Power on the same pool, {n} nights (2 of the 8 layouts of the candidate "
+              f"session slowed 7%): slowed layouts confirmed in {pct(hit, 2 * n)}; nights "
+              f"without a false flag {pct(nights_clean, n)}. Every layout slowed 7%: "
+              f"flagged on {pct(uni, n)} of nights.", ""]
+    print(f"gpu: A/A {total}/{draws * len(pairs)} power {hit}/{2 * n} clean {nights_clean}/{n} "
+          f"uniform {uni}/{n}", flush=True)
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nights", type=int, default=400, help="simulated nights per row")
@@ -312,13 +386,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1_000_000,
                     help="first seed (development used seeds below 1000)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS-regress-error-rates.md"))
-    ap.add_argument("--only", choices=("sim", "power", "seq", "pool"), default=None)
+    ap.add_argument("--only", choices=("sim", "power", "seq", "pool", "gpu"), default=None)
     args = ap.parse_args()
     t0 = time.monotonic()
     parts = {"sim": lambda: simulated(args.nights, args.seed),
              "power": lambda: power_check(args.nights // 2, args.seed),
              "seq": lambda: sequential(args.nights // 2, args.seed),
-             "pool": lambda: pool_part(args.draws, args.seed)}
+             "pool": lambda: pool_part(args.draws, args.seed),
+             "gpu": lambda: gpu_part(args.draws, args.seed)}
     body = []
     for name, fn in parts.items():
         if args.only in (None, name):
