@@ -278,8 +278,9 @@ def sweep_notes(cfg: SweepConfig, costs: dict[LayoutId, budget.TrialCost]) -> li
         line = (f"runner=bridge measures each layout at the user's m={user_m} micro-batches "
                 f"itself (m <= 3*pp={3 * cfg.pp}: nothing to extrapolate)")
     else:
-        line = (f"runner=bridge measures each layout by {len(ms)} Bridge runs, at m="
-                f"{' and '.join(map(str, ms))} micro-batches (pp and 3*pp), fits step = a + b*m"
+        at = ", ".join(map(str, ms[:-1])) + f" and {ms[-1]}"
+        line = (f"runner=bridge measures each layout by {len(ms)} Bridge runs, at m={at} "
+                f"micro-batches (pp, 2*pp and 3*pp), fits step = a + b*m, checks it is a line"
                 f" and ranks at the user's m={user_m}")
     if costs:
         secs = sorted(c.seconds for c in costs.values())
