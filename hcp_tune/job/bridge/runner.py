@@ -312,6 +312,10 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
         res.verification["cp_active"] = guard.report or {"checked": False}
         res.fingerprint["bridge_recipe_parity"] = parity
     res.te_backend = te_log.last
+    import resource  # this rank's host peak (the loader's pinned batches live here)
+
+    res.verification["host_peak_rss_bytes"] = resource.getrusage(
+        resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     if with_callbacks:
         m = recorder.result(world_size=spec.world_size,
                             flops_per_step_ported=ported_flops(cfg, spec))
