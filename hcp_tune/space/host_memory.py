@@ -12,7 +12,8 @@ What a Bridge rank holds on the host, by what sets it:
   ``mbs`` samples of ``seq`` tokens: tokens, labels and position ids (int64) and the loss
   mask (float32), ``BYTES_PER_TOKEN``;
 - Megatron-Core's mock dataset with ``create_attention_mask=True`` (its default): an S x S
-  bool mask per sample and a float temporary of 4 bytes an entry while it is built
+  bool mask per sample, and while one is built two float S x S tensors (8 bytes an entry:
+  the peak RSS growth measured in benchmarks/RESULTS-bridge-mask.md)
   (``datasets/gpt_dataset.py``). The Bridge runner turns it off
   (``job.bridge.config.dataset_fields``), so it is not in the estimate; ``with_mask`` is
   what the default would have cost, printed beside it.
@@ -64,7 +65,7 @@ def estimate(*, seq: int, mbs: int, ranks_per_node: int, num_workers: int = NUM_
     return HostMemory(
         seq=seq, process=PROCESS_GIB * GIB, workers=num_workers * WORKER_GIB * GIB,
         batches=samples_in_flight(mbs, num_workers) * seq * BYTES_PER_TOKEN, mask_per_sample=float(seq) * seq,
-        mask_build=4.0 * seq * seq, ranks_per_node=ranks_per_node)
+        mask_build=8.0 * seq * seq, ranks_per_node=ranks_per_node)
 
 
 def samples_in_flight(mbs: int, num_workers: int = NUM_WORKERS) -> int:

@@ -206,7 +206,8 @@ def dataset_fields(spec) -> dict[str, Any]:
     True, and then every sample carries ``torch.tril(torch.ones(S, S))`` built on the host
     (``datasets/gpt_dataset.py``), collated per micro-batch into pinned memory by Bridge's
     loader and dropped by its ``gpt_step`` (TE builds the causal mask itself): 64 MiB a
-    sample at 8K, 16 GiB (and a 64 GiB float temporary) at 128K, per rank. Bridge's own
+    sample at 8K, 16 GiB (and 128 GiB of float temporaries while it is built:
+    benchmarks/RESULTS-bridge-mask.md) at 128K, per rank. Bridge's own
     perf recipe turns it off (``perf_recipes/gpt_oss/common.py``). ``num_workers`` is the
     Llama recipes' (``RECIPE_NUM_WORKERS``)."""
     return {
