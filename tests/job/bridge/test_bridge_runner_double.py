@@ -102,6 +102,12 @@ def test_the_double_drives_the_runner_to_a_verified_measurement(ran):
     assert res.fingerprint["hosts"] and res.te_backend == TE_LINE.split(" = ")[1]
     fields = res.verification["bridge_config"]
     assert fields["model.hierarchical_context_parallel_sizes"] == [2, 2]
+    # issue 30: scratch mode's recipe environment and fusions, recorded with the trial
+    parity = res.fingerprint["bridge_recipe_parity"]
+    assert parity["mode"] == "scratch" and parity["env_vars"]["NCCL_NVLS_ENABLE"] == 0
+    assert any(n.startswith("scratch mode: the Llama recipes' environment and fusions applied "
+                            "except model.rotary_base") for n in res.notes)
+    assert res.verification["host_peak_rss_bytes"] > 0
     progress = (ran["_tmp"] / "ok.jsonl").read_text().splitlines()
     assert len(progress) == 2  # rank 0's measured steps, for early stopping
 
