@@ -62,8 +62,9 @@ def main() -> None:
             "`_get_ltor_masks_and_position_ids` (what `GPTDataset` runs per sample), each in "
             "a fresh process. The mask is kept as bool (S x S bytes, 16 GiB at 128K); "
             "building it holds two float S x S tensors at once (`torch.ones` and its `tril`: "
-            "8 bytes an entry, the measured peak RSS growth; 128 GiB at 128K). Bridge's step drops the mask; the Bridge runner "
-            "sets `create_attention_mask=False`, so none of this is built.\n\n"
+            "8 bytes an entry, the measured peak RSS growth; 128 GiB at 128K). Bridge's step "
+            "drops the mask; the Bridge runner sets `create_attention_mask=False`, so none "
+            "of this is built.\n\n"
             + head + "\n" + "\n".join(lines) + "\n")
     print(text)
     sys.path.insert(0, str(REPO / "benchmarks"))

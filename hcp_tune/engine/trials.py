@@ -132,8 +132,9 @@ def combine(spec: TrialSpec, points: list[TrialSpec],
     (``costmodel.microbatch.fit_step``) is the trial's median; a fit the third point
     shows is not a line (``StepFit.linearity``) or whose step does not grow with m is
     ``invalid``; its step times are the largest m's, scaled to that step, and p10/p90 are
-    that spread widened by the fit's uncertainty at the user's m (``widened_band``); peak memory is the largest over the runs (at m >= pp, 1F1B's min(pp, m)
-    micro-batches in flight make it the full run's); wall and phase seconds add up."""
+    that spread widened by the fit's uncertainty at the user's m (``widened_band``); peak
+    memory is the largest over the runs (at m >= pp, 1F1B's min(pp, m) micro-batches in
+    flight make it the full run's); wall and phase seconds add up."""
     if len(points) == 1:
         res = results[0]
         return None if res is None or res.status is Status.SKIPPED else res

@@ -275,7 +275,8 @@ def run(ctx: Ctx, *, dry: bool, out: Callable[[str], None] = print) -> list[Line
     width = max(60, min(100, int(os.environ.get("COLUMNS") or 100)))
     for i, step in enumerate(STEPS, 1):
         out(textwrap.fill(f"step {i} {step.name} (needs {step.gpus} GPU(s)): runs {step.runs};"
-                          f" proves {step.proves}", width=width, subsequent_indent="    ", break_on_hyphens=False))
+                          f" proves {step.proves}", width=width, subsequent_indent="    ",
+                          break_on_hyphens=False))
         try:
             specs = step.build(ctx) if step.build else []
         except Exception as e:  # a step that cannot even be built is a failed step

@@ -2,8 +2,9 @@
 
 What one lent GPU can show, one line each: the device binding a one-GPU-per-task node
 gives (``dist.bind_device`` picks index 0 for any local rank, and the Bridge runner tells
-Bridge so with ``dist.external_gpu_device_mapping``, ``LOCAL_RANK`` staying the task's); Transformer Engine's import and the attention backend it selects
-for the timed shapes without CP; and, where Megatron-Bridge and TE are installed, a Bridge
+Bridge so with ``dist.external_gpu_device_mapping``, ``LOCAL_RANK`` staying the task's);
+Transformer Engine's import and the attention backend it selects for the timed shapes
+without CP; and, where Megatron-Bridge and TE are installed, a Bridge
 run at cp=1 (world 1) with hcp-tune's callbacks: steps timed, memory read, TE's backend
 recorded. Then what it could not check, in words: anything needing two GPUs (CP
 communication, the HCP groups on NCCL, the CP proof, NCCL across nodes).

@@ -64,7 +64,8 @@ def estimate(*, seq: int, mbs: int, ranks_per_node: int, num_workers: int = NUM_
     """A rank's host memory for micro-batches of ``mbs`` samples of ``seq`` tokens."""
     return HostMemory(
         seq=seq, process=PROCESS_GIB * GIB, workers=num_workers * WORKER_GIB * GIB,
-        batches=samples_in_flight(mbs, num_workers) * seq * BYTES_PER_TOKEN, mask_per_sample=float(seq) * seq,
+        batches=samples_in_flight(mbs, num_workers) * seq * BYTES_PER_TOKEN,
+        mask_per_sample=float(seq) * seq,
         mask_build=8.0 * seq * seq, ranks_per_node=ranks_per_node)
 
 

@@ -6,13 +6,16 @@ an ``environment`` failure that says which is missing and where the stack comes 
 the trial's config mapping (``config.bridge_fields``: the whole world tp*cp*dp*pp, mbs and
 micro-batches) -> this rank's GPU bound, then Bridge imported (``BridgeStack``: the real
 one, or a test double of ``pretrain``) -> the launcher environment exported the way
-Bridge's ``initialize`` reads it (``LOCAL_RANK`` = the bound GPU index) -> the real
+Bridge's ``initialize`` reads it (``LOCAL_RANK`` the task's own; a task that sees one GPU
+tells Bridge through ``dist.external_gpu_device_mapping``: ``device_fields``) -> the real
 ``ConfigContainer`` -> ``pretrain(cfg, forward_step, callbacks=[fingerprint, guard, stop,
 recorder])``: the guard proves at train start that every TE attention module runs the
 planned CP groups (``guard``/``verify``), ``control.StopCheck`` ends the loop cleanly on the
 stop file or the time limit, the recorder times each step (``measure``); TE's backend
-choice is read from its log -> TFLOP/s against the profile's peak. Without Bridge's callbacks (Bridge < 0.4) it trains
-without them and parses Bridge's log lines instead, and says that CP could not be proven.
+choice is read from its log -> TFLOP/s against the profile's peak. Without Bridge's
+callbacks (Bridge < 0.4) it trains without them and parses Bridge's log lines instead, and
+says that CP could not be proven. Before the binding, the trial's ``env_vars`` (scratch
+mode: the Llama recipes', ``parity``) are exported.
 
 One trial per process: ``pretrain`` sets up Megatron's global state (process groups when
 it created them, the micro-batch calculator, global timers, ``parallel_state``) for one

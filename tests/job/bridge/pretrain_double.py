@@ -296,7 +296,8 @@ def main(scenarios_file: str, out_dir: str) -> None:
         spec = spec_from_json(json.dumps(sc["spec"]))
         env = DistEnv(rank=rank, local_rank=rank, world_size=world, master_addr="127.0.0.1",
                       master_port=base + i, source="torchrun")
-        kw = {**sc.get("double", {}), "record": str(Path(out_dir, f"{sc['name']}.double.rank{rank}.json"))}
+        record = Path(out_dir, f"{sc['name']}.double.rank{rank}.json")
+        kw = {**sc.get("double", {}), "record": str(record)}
         res = run_bridge_trial(spec, env=env, stack=double_stack(**kw))
         Path(out_dir, f"{sc['name']}.rank{rank}.json").write_text(to_json(res))
 

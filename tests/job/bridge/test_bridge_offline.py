@@ -120,4 +120,5 @@ def test_the_llama_fallback_has_the_generations_rope(path, theta, factor):
     assert got_theta == theta
     assert (scaling or {}).get("factor") == factor
     if factor:
-        assert scaling["rope_type"] == "llama3" and scaling["original_max_position_embeddings"] == 8192
+        assert scaling["rope_type"] == "llama3"
+        assert scaling["original_max_position_embeddings"] == 8192
