@@ -40,6 +40,11 @@ class ClusterProfile:
                "needs it, null leaves that term out",
         "expect": "a number of GB/s > 0"})
 
+    host_memory_gib: Optional[float] = field(default=None, metadata={
+        "doc": "host (CPU) memory per node, GiB (datasheet); plan warns when a runner=bridge "
+               "trial's ranks on one node would pass 90% of it; null: not checked",
+        "expect": "a number of GiB > 0"})
+
     calibration: Optional[str] = field(default=None, metadata={
         "doc": "a calibration shipped with hcp-tune (hcp_tune/costmodel/data/calibrations/"
                "NAME.json) the cost model uses on this cluster; your own calibration "

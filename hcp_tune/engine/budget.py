@@ -79,7 +79,7 @@ def step_at_m(prediction: Any, m: int, user_m: int) -> float:
 def trial_cost(cfg: Any, cand: Any, prediction: Any, per_job: int = 1) -> TrialCost:
     """A trial of ``cand``: warm-up, measured and proof steps, plus its share of a job's
     start-up (``per_job`` trials share one). runner=bridge measures a trial by one run per
-    ``costmodel.microbatch.measure_points`` (m = pp and 3*pp; fresh processes each, so each
+    ``costmodel.microbatch.measure_points`` (m = pp, 2*pp and 3*pp; fresh processes each, so each
     pays the start-up), each step at its own m."""
     steps = cfg.runner.warmup_steps + cfg.runner.measure_steps + PROOF_STEPS
     if cfg.runner.name == "bridge":

@@ -116,8 +116,8 @@ class TrialRow:
     log_path: str = ""
     # rank 0's seconds per phase (start, groups, proof, warmup, measure)
     phases_s: str = "{}"
-    # runner=bridge: the micro-batch counts the trial ran, a JSON list ("[2, 6]": m = pp
-    # and 3*pp, costmodel.microbatch.measure_points; "[512]" when the user's m itself was
+    # runner=bridge: the micro-batch counts the trial ran, a JSON list ("[2, 4, 6]": m = pp,
+    # 2*pp and 3*pp, costmodel.microbatch.measure_points; "[512]" when the user's m itself was
     # measured); the key's micro_batches is the user's m. None on the attention runner and
     # on rows stored before; a row stored with one integer reads as a list of it
     measured_micro_batches: Optional[str] = None
@@ -128,6 +128,12 @@ class TrialRow:
     # the step at the user's m: the fit's value there, or the median measured at that m
     # (median_s is the same number: what the study, the ranking and "vs best" read)
     step_at_user_m_s: Optional[float] = None
+    # the fit's standard error at the user's m (the points' noise carried through the
+    # extrapolation; p10_s/p90_s include it) and its worst residual with that residual's
+    # standard deviation from the noise alone (a residual beyond 3 of them: invalid)
+    fit_se_s: Optional[float] = None
+    fit_residual_s: Optional[float] = None
+    fit_residual_sd_s: Optional[float] = None
     schema_version: int = ROW_SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 

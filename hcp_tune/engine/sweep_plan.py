@@ -23,6 +23,7 @@ from hcp_tune.costmodel.memory import advice_line
 from hcp_tune.engine import budget
 from hcp_tune.engine.store import SweepKey
 from hcp_tune.engine.store import key_rows as select_rows
+from hcp_tune.space.host_memory import plan_host_memory
 from hcp_tune.space.layout import Candidate
 from hcp_tune.space.plan import candidates, notes
 from hcp_tune.space.plan import row as plan_row
@@ -264,6 +265,7 @@ def plan_rows(cfg: SweepConfig) -> dict[str, Any]:
         "micro_batches": {"user": cfg.micro_batches,
                           "measured": list(measure_points(cfg.pp, cfg.micro_batches))}
         if cfg.runner.name == "bridge" else None,
+        "host_memory": plan_host_memory(cfg),
     }
 
 
@@ -278,9 +280,11 @@ def sweep_notes(cfg: SweepConfig, costs: dict[LayoutId, budget.TrialCost]) -> li
         line = (f"runner=bridge measures each layout at the user's m={user_m} micro-batches "
                 f"itself (m <= 3*pp={3 * cfg.pp}: nothing to extrapolate)")
     else:
-        line = (f"runner=bridge measures each layout by {len(ms)} Bridge runs, at m="
-                f"{' and '.join(map(str, ms))} micro-batches (pp and 3*pp), fits step = a + b*m"
+        at = ", ".join(map(str, ms[:-1])) + f" and {ms[-1]}"
+        line = (f"runner=bridge measures each layout by {len(ms)} Bridge runs, at m={at} "
+                f"micro-batches (pp, 2*pp and 3*pp), fits step = a + b*m, checks it is a line"
                 f" and ranks at the user's m={user_m}")
+    memory = plan_host_memory(cfg)  # the loader's and processes' host memory, per rank
     if costs:
         secs = sorted(c.seconds for c in costs.values())
         c = max(costs.values(), key=lambda c: c.ranks)
@@ -289,7 +293,7 @@ def sweep_notes(cfg: SweepConfig, costs: dict[LayoutId, budget.TrialCost]) -> li
         what = "processes" if cfg.cluster.device == "cpu" else "GPUs"
         line += (f"; one trial ({c.runs} run{'s' if c.runs > 1 else ''}) holds {c.ranks} "
                  f"{what} on {c.nodes} node(s) for about {span} (estimate)")
-    return [*out, line]
+    return [*out, line] + ([memory["text"]] if memory else [])
 
 
 def sweep_estimate(cfg: SweepConfig, cands: list[Candidate]) -> dict[str, Any]:

@@ -3,8 +3,8 @@
 root cause merged in), its live progress (``read_progress``), the early-stopping rule
 (``should_prune``, with ``prune_reference`` for a run at another m than the best's median)
 and the result of a trial whose job ended without one (``failed_from_job``,
-``partial_result``). A runner=bridge trial is measured by two runs at m = pp and 3*pp
-micro-batches (``point_specs``), whose results become the trial's one result at the
+``partial_result``). A runner=bridge trial is measured by three runs at m = pp, 2*pp and
+3*pp micro-batches (``point_specs``), whose results become the trial's one result at the
 user's m (``combine``) and its row's micro-batch fields (``point_fields``).
 ``sweep.Sweeper`` and ``launch`` use them; no optuna, no loop.
 """
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.config import SweepConfig
-from hcp_tune.costmodel.microbatch import fit_step, measure_points, row_points
+from hcp_tune.costmodel.microbatch import Z90, StepFit, fit_step, measure_points, row_points
 from hcp_tune.engine import dispatch
 from hcp_tune.engine.records import Verification
 from hcp_tune.errors import ConfigError
@@ -75,7 +76,7 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
 def point_specs(spec: TrialSpec) -> list[TrialSpec]:
     """The runs one trial is measured by. runner=bridge with more micro-batches than it
     needs to extrapolate: one run per point of ``costmodel.microbatch.measure_points``
-    (m = pp and 3*pp), each its own Bridge run with its id (``<trial>-m<m>``), result,
+    (m = pp, 2*pp and 3*pp), each its own Bridge run with its id (``<trial>-m<m>``), result,
     progress file and micro-batch count, all stopped by the trial's one stop file; any
     other trial (the attention runner, or a Bridge trial at a small m): itself."""
     if spec.runner != "bridge":
@@ -128,11 +129,12 @@ def combine(spec: TrialSpec, points: list[TrialSpec],
     (its status, class and steps; its error says at which m; no median, as its steps are
     not at the user's m), so a trial is ok only when every run is. All ok: the step at the
     user's m from the fit ``step = a + b*m`` through the runs' medians
-    (``costmodel.microbatch.fit_step``) is the trial's median; a fit whose step does not
-    grow with m is ``invalid``; its step
-    times are the largest m's, scaled to that step (so p10/p90 keep the measured relative
-    spread); peak memory is the largest over the runs (at m >= pp, 1F1B's min(pp, m)
-    micro-batches in flight make it the full run's); wall and phase seconds add up."""
+    (``costmodel.microbatch.fit_step``) is the trial's median; a fit the third point
+    shows is not a line (``StepFit.linearity``) or whose step does not grow with m is
+    ``invalid``; its step times are the largest m's, scaled to that step, and p10/p90 are
+    that spread widened by the fit's uncertainty at the user's m (``widened_band``); peak
+    memory is the largest over the runs (at m >= pp, 1F1B's min(pp, m) micro-batches in
+    flight make it the full run's); wall and phase seconds add up."""
     if len(points) == 1:
         res = results[0]
         return None if res is None or res.status is Status.SKIPPED else res
@@ -150,10 +152,18 @@ def combine(spec: TrialSpec, points: list[TrialSpec],
         return TrialResult(trial_id=spec.trial_id, status=Status.FAILED,
                            failure_class=FailureClass.UNKNOWN, world_size=spec.world_size,
                            error="a run ended ok without a median step time")
-    fit = fit_step((p.micro_batches, r.median_s) for p, r in zip(points, done))
+    fit = points_fit(points, done)
     user_m = max(1, spec.micro_batches)
     top, top_m = done[-1], points[-1].micro_batches
     ms = ", ".join(str(p.micro_batches) for p in points)
+    not_linear = fit.linearity()
+    if not_linear:
+        return TrialResult(
+            trial_id=spec.trial_id, status=Status.INVALID, world_size=spec.world_size,
+            verification=top.verification, fingerprint=top.fingerprint,
+            notes=[f"fit: {json.dumps(fit.as_dict(user_m))}"],
+            error=(f"{not_linear}: the step at the user's m={user_m} cannot be extrapolated; "
+                   "measure again (a repeat that is linear is ranked)"))
     if fit.per_micro_batch_s <= 0:
         return TrialResult(
             trial_id=spec.trial_id, status=Status.INVALID, world_size=spec.world_size,
@@ -163,6 +173,9 @@ def combine(spec: TrialSpec, points: list[TrialSpec],
                    + "): step = a + b*m cannot be fitted; measure again"))
     step = fit.step_s(user_m)
     scale = step / top.median_s
+    p10, p90 = widened_band(step, fit.se_at(user_m),
+                            top.p10_s * scale if top.p10_s is not None else None,
+                            top.p90_s * scale if top.p90_s is not None else None)
     mems = [r.peak_mem_bytes for r in done if r.peak_mem_bytes is not None]
     phases: dict[str, float] = {}
     for r in done:
@@ -172,12 +185,12 @@ def combine(spec: TrialSpec, points: list[TrialSpec],
     flops = top.flops_per_gpu_step / top_m * user_m if top.flops_per_gpu_step else None
     notes = list(dict.fromkeys(n for r in done for n in r.notes))
     notes.append(f"measured at m={ms} micro-batches; the step at the user's m={user_m} is "
-                 f"the fit {fit.fixed_s:.4g} s + {fit.per_micro_batch_s:.4g} s * m")
+                 f"the fit {fit.fixed_s:.4g} s + {fit.per_micro_batch_s:.4g} s * m "
+                 f"(standard error {fit.se_at(user_m):.3g} s, in p10/p90)")
     return TrialResult(
         trial_id=spec.trial_id, status=Status.OK, world_size=spec.world_size,
         step_times_s=[t * scale for t in top.step_times_s], median_s=step,
-        p10_s=top.p10_s * scale if top.p10_s is not None else None,
-        p90_s=top.p90_s * scale if top.p90_s is not None else None,
+        p10_s=p10, p90_s=p90,
         peak_mem_bytes=max(mems) if mems else None,
         mem_note=(f"{top.mem_note}; the largest over m={ms}" if top.mem_note and mems
                   else top.mem_note),
@@ -188,6 +201,25 @@ def combine(spec: TrialSpec, points: list[TrialSpec],
         qkv_format=top.qkv_format, notes=notes, resources=top.resources,
         log_path=top.log_path, job_id=top.job_id,
         wall_s=sum(r.wall_s for r in done if r.wall_s is not None) or None, phases_s=phases)
+
+
+def points_fit(points: list[TrialSpec], results: list[TrialResult]) -> StepFit:
+    """The fit ``step = a + b*m`` through a trial's runs: their medians at their m, each
+    with its noise from its measured steps (``costmodel.microbatch.fit_step``)."""
+    return fit_step(((p.micro_batches, r.median_s) for p, r in zip(points, results)),
+                    steps=[r.step_times_s for r in results])
+
+
+def widened_band(step: float, se: float, p10: Optional[float], p90: Optional[float]
+                 ) -> tuple[Optional[float], Optional[float]]:
+    """p10/p90 of the step at the user's m: the measured step-to-step spread (scaled to the
+    step) and the fit's uncertainty ``se``, independent, added in quadrature on each side
+    (``Z90 * se``: the fit's own p10/p90)."""
+    if p10 is None or p90 is None:
+        return p10, p90
+    lo, hi = step - p10, p90 - step
+    z = Z90 * se
+    return step - math.hypot(lo, z), step + math.hypot(hi, z)
 
 
 def point_fields(spec: TrialSpec, points: list[TrialSpec],
@@ -203,9 +235,12 @@ def point_fields(spec: TrialSpec, points: list[TrialSpec],
     out: dict[str, Any] = {"measured_micro_batches": json.dumps([m for m, _ in ran]),
                            "point_medians_s": json.dumps([r.median_s for _, r in ran])}
     if len(ran) == len(points) and all(r.status is Status.OK and r.median_s for _, r in ran):
-        fit = fit_step((m, r.median_s) for m, r in ran)
+        fit = points_fit(points, [r for _, r in ran])
+        user_m = max(1, spec.micro_batches)
+        worst = max(zip(fit.residuals_s(), fit.residual_sd_s()), key=lambda x: abs(x[0]))
         out.update(fixed_s=fit.fixed_s, per_micro_batch_s=fit.per_micro_batch_s,
-                   step_at_user_m_s=fit.step_s(max(1, spec.micro_batches)))
+                   step_at_user_m_s=fit.step_s(user_m), fit_se_s=fit.se_at(user_m),
+                   fit_residual_s=worst[0], fit_residual_sd_s=worst[1])
     return out
 
 

@@ -13,6 +13,12 @@ it was skipped.
 With 1-3 GPUs (or ``--one-gpu``) it runs what one GPU can check instead
 (``gpucheck.single``: the device binding, TE's import and backend choice, a Bridge run at
 cp=1 with the callbacks) and says what it could not check.
+``--first-session`` runs the checks a first GPU session must run, in order
+(``gpucheck.session``: imports, the one-GPU checks, a 32K Bridge run with and without the
+S x S mask, the recorder against Bridge's log, the fit at m = 1, 3, 9; with 4-8 GPUs the
+cp=4 guard, the misconfiguration negatives, pp=2 at m = 2, 6, 18 and one GPU per task);
+``--dry`` walks that sequence on CPU, building every step's trials and printing what it
+would run and what it proves.
 Exit 0 when every layout passes, 1 otherwise, 2 for bad arguments.
 """
 from __future__ import annotations
@@ -48,7 +54,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--one-gpu", action="store_true",
                     help="what one GPU can check (binding, TE, Bridge at cp=1); the default "
                     f"with 1..{CP - 1} GPUs")
+    ap.add_argument("--first-session", action="store_true",
+                    help="the first GPU session's checks, in order (gpucheck.session)")
+    ap.add_argument("--dry", action="store_true",
+                    help="walk the first-session sequence on CPU: build every step, print "
+                    "what it would run and prove")
     args = ap.parse_args(argv)
+    if args.dry or args.first_session:
+        return _first_session(args.cluster or GPU.cluster, args.workdir, dry=args.dry)
     mode = CPU if args.cpu else GPU
     mode = dataclasses.replace(mode, cluster=args.cluster or mode.cluster,
                                seq=args.seq or mode.seq)
@@ -84,6 +97,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     passed = sum(ok for ok, _ in verdicts)
     print(f"gpu-check: {passed}/{len(verdicts)} layouts pass")
     return 0 if passed == len(verdicts) else 1
+
+
+def _first_session(cluster: str, workdir: Optional[str], *, dry: bool) -> int:
+    """The first GPU session's sequence (``gpucheck.session``); ``dry``: on CPU, built and
+    printed. Exit 0 when every check that ran passed (dry: every step was built)."""
+    from hcp_tune.gpucheck import session
+
+    folder = Path(workdir or tempfile.mkdtemp(prefix="hcp-gpu-check-")).resolve()
+    gpus = 0 if dry else gpu_count()
+    print(f"gpu-check: first-session{' dry run (CPU)' if dry else ''}: {gpus} GPU(s), "
+          f"profile {cluster}", flush=True)
+    print(f"gpu-check: logs in {folder}", flush=True)
+    lines = session.run(session.Ctx(cluster=cluster, workdir=folder, gpus=gpus), dry=dry,
+                        out=lambda line: print(line, flush=True))
+    passed = sum(ok for ok, _ in lines)
+    print(f"gpu-check: {passed}/{len(lines)} first-session checks pass"
+          + (" (dry: the other steps were built, not run)" if dry else ""))
+    return 0 if passed == len(lines) else 1
 
 
 def _one_gpu(cluster: str, workdir: Optional[str]) -> int:

@@ -2,8 +2,9 @@
 
 What one lent GPU can show, one line each: the device binding a one-GPU-per-task node
 gives (``dist.bind_device`` picks index 0 for any local rank, and the Bridge runner tells
-Bridge ``LOCAL_RANK=0``); Transformer Engine's import and the attention backend it selects
-for the timed shapes without CP; and, where Megatron-Bridge and TE are installed, a Bridge
+Bridge so with ``dist.external_gpu_device_mapping``, ``LOCAL_RANK`` staying the task's);
+Transformer Engine's import and the attention backend it selects for the timed shapes
+without CP; and, where Megatron-Bridge and TE are installed, a Bridge
 run at cp=1 (world 1) with hcp-tune's callbacks: steps timed, memory read, TE's backend
 recorded. Then what it could not check, in words: anything needing two GPUs (CP
 communication, the HCP groups on NCCL, the CP proof, NCCL across nodes).
@@ -24,11 +25,12 @@ def _line(name: str, ok: bool, text: str) -> tuple[bool, str]:
 
 
 def check_binding() -> tuple[bool, str]:
-    """A task at local rank 3: bound to cuda:(3 % visible), which is what Bridge is told as
-    LOCAL_RANK (0 on a one-GPU-per-task node, where local rank 3 would crash Bridge)."""
+    """A task at local rank 3: bound to cuda:(3 % visible); Bridge keeps LOCAL_RANK=3 (so
+    only local rank 0 compiles Megatron-Core's helpers) and, on a one-GPU-per-task node, is
+    told the GPU is 0 through ``dist.external_gpu_device_mapping``."""
     import torch
 
-    from hcp_tune.job.bridge.runner import launcher_env
+    from hcp_tune.job.bridge.runner import device_fields, launcher_env
     from hcp_tune.job.dist import DistEnv, bind_device
 
     index = bind_device(3)
@@ -36,11 +38,17 @@ def check_binding() -> tuple[bool, str]:
         return _line("binding", False, "no CUDA device visible to torch")
     env = DistEnv(rank=3, local_rank=3, world_size=4, master_addr="127.0.0.1",
                   master_port=1, source="slurm")
-    local = launcher_env(env, index)["LOCAL_RANK"]
+    local = launcher_env(env)["LOCAL_RANK"]
     count = torch.cuda.device_count()
-    ok = index == 3 % count and torch.cuda.current_device() == index and local == str(index)
+    try:
+        told = device_fields(3, index)
+    except Exception as e:  # two or three GPUs visible: Bridge cannot be told the index
+        return _line("binding", False, f"local rank 3 -> cuda:{index} of {count}: {e}")
+    bridge_gpu = 0 if told.get("dist.external_gpu_device_mapping") else int(local)
+    ok = index == 3 % count and torch.cuda.current_device() == index and bridge_gpu == index
     return _line("binding", ok, f"local rank 3 -> cuda:{index} of {count} visible, "
-                 f"LOCAL_RANK={local} for Bridge")
+                 f"LOCAL_RANK={local}, Bridge sets cuda:{bridge_gpu}"
+                 + (" (external_gpu_device_mapping)" if told else ""))
 
 
 def check_te() -> tuple[bool, str]:

@@ -150,7 +150,8 @@ def bind_device(local_rank: int) -> int | None:
     fails with a duplicate-GPU error or hangs. TE's CP test binds ``rank % device_count``
     the same way. Bridge v0.6.0's ``initialize`` instead calls ``set_device(LOCAL_RANK)``
     (``set_device(0)`` with ``dist.external_gpu_device_mapping``), so the Bridge runner
-    exports the index returned here as ``LOCAL_RANK`` (``bridge.runner.launcher_env``). The
+    sets that field when the index returned here is 0 on a task whose local rank is not
+    (``bridge.runner.device_fields``) and leaves ``LOCAL_RANK`` the task's own. The
     modulo covers both a node whose tasks each see all GPUs and one whose tasks see only
     their own (``--gpus-per-task=1``: index 0).
     """

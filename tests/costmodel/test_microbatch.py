@@ -36,7 +36,7 @@ def bridge_row(a2a: int, p2p: int, m: int, step_s: float, *, pp: int = PP, n: li
 
 
 @pytest.mark.parametrize("pp,user_m,points", [
-    (2, 512, (2, 6)), (4, 64, (4, 12)), (1, 100, (1, 3)),
+    (2, 512, (2, 4, 6)), (4, 64, (4, 8, 12)), (1, 100, (1, 2, 3)),
     (4, 8, (8,)),  # 3*pp reaches the user's m: measure the user's m itself
     (2, 2, (2,)),
 ])

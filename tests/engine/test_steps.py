@@ -50,8 +50,9 @@ def test_srun_steps_ask_for_the_nodes_gpus_and_each_rank_binds_the_one_it_sees(t
     """issue 19: steps asked for no GPUs (a site that does not hand a step the job's GPUs
     gave them none). Asked for explicitly now; a user's --gpus-per-task=1 --gpu-bind=single
     makes each task see one GPU, and then Bridge must be told GPU 0, not the local rank."""
-    from hcp_tune.job.bridge.runner import launcher_env
+    from hcp_tune.job.bridge.runner import device_fields, launcher_env
     from hcp_tune.job.dist import DistEnv
+    from hcp_tune.job.failures import EnvironmentProblem
 
     cfg = ExecutorConfig.from_mapping({**DEFAULTS, "extra_srun": ["--gpus-per-task=1",
                                                                   "--gpu-bind=single"]})
@@ -64,10 +65,14 @@ def test_srun_steps_ask_for_the_nodes_gpus_and_each_rank_binds_the_one_it_sees(t
     # local rank 5 of a node, one visible GPU: bind_device bound index 5 % 1 = 0
     env = DistEnv(rank=13, local_rank=5, world_size=16, master_addr="n0", master_port=1,
                   source="slurm")
-    assert launcher_env(env, 0)["LOCAL_RANK"] == "0"
-    assert launcher_env(env, 5)["LOCAL_RANK"] == "5"  # all GPUs visible: the same index
-    assert launcher_env(env, None)["LOCAL_RANK"] == "5"  # no CUDA (the test double)
-    assert launcher_env(env, 0)["RANK"] == "13"
+    # issue 30: LOCAL_RANK stays the task's (every task claiming 0 ran Megatron-Core's
+    # compile_helpers at once); Bridge is told GPU 0 through external_gpu_device_mapping
+    assert launcher_env(env)["LOCAL_RANK"] == "5" and launcher_env(env)["RANK"] == "13"
+    assert device_fields(5, 0) == {"dist.external_gpu_device_mapping": True}
+    assert device_fields(5, 5) == {}  # all GPUs visible: set_device(LOCAL_RANK) is right
+    assert device_fields(5, None) == {}  # no CUDA (the test double)
+    with pytest.raises(EnvironmentProblem, match="cuda:2"):
+        device_fields(5, 2)  # two GPUs a task: neither LOCAL_RANK nor 0 names it
 
 
 def test_srun_argv_names_the_pyxis_container_per_allocation(tmp_path):

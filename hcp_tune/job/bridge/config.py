@@ -28,8 +28,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-BRIDGE_VERSION = "v0.6.0"
-BRIDGE_COMMIT = "51885cf132b2814188b6855c25a8588254274c2a"
+from hcp_tune.job.bridge.parity import (  # noqa: F401 (the pin, re-exported)
+    BRIDGE_COMMIT,
+    BRIDGE_VERSION,
+    LLAMA_FUSIONS,
+    RECIPE_ENV_VARS,
+    RECIPE_NUM_WORKERS,
+)
 
 # ConfigContainer's sections (its dataclass fields at BRIDGE_COMMIT, config.py), the only
 # first components an override may name
@@ -153,13 +158,21 @@ def distributed_timeout_minutes(spec) -> int:
     """Bridge's process-group timeout until its first iteration ends
     (``dist.distributed_timeout_minutes``): the first iteration creates every communicator
     and compiles kernels, slower the larger the world, so at least 5 minutes plus one per 64
-    GPUs, never below ``comm_timeout_s`` and never beyond the trial's ``time_limit_s``.
-    After the first iteration Bridge v0.6.0 (training/train.py) switches every group to
-    ``dist.distributed_timeout_seconds_after_init``, set to ``comm_timeout_s``: a hung peer
-    is then caught as fast as in the attention runner."""
+    GPUs, never below ``comm_timeout_s`` and never beyond the trial's ``time_limit_s``."""
     first = COMM_TIMEOUT_FLOOR_MIN + spec.world_size // COMM_TIMEOUT_PER_GPUS
     minutes = max(math.ceil(spec.comm_timeout_s / 60), first)
     return max(1, min(minutes, math.ceil(spec.time_limit_s / 60)))
+
+
+def timeout_after_init_s(spec) -> int:
+    """``dist.distributed_timeout_seconds_after_init``: after step 1 Bridge v0.6.0
+    (``training/train.py``, the ``step == start_iteration + 1`` branch) sets every group's
+    timeout to it. A collective can wait on a peer for most of a step (the loop's barrier,
+    the pipeline's first receive, the data-parallel reduce at the step's end), and one step
+    at m = 3*pp micro-batches and 128K tokens can take minutes, so it stays the first
+    iteration's timeout (``distributed_timeout_minutes``), never the attention runner's
+    ``comm_timeout_s``: a hung peer is still bounded by it and by ``time_limit_s``."""
+    return max(int(spec.comm_timeout_s), distributed_timeout_minutes(spec) * 60)
 
 
 def run_fields(spec) -> dict[str, Any]:
@@ -178,7 +191,7 @@ def run_fields(spec) -> dict[str, Any]:
         "logger.log_throughput": True,
         "dist.use_decentralized_pg": False,  # True with HCP sizes raises NotImplementedError
         "dist.distributed_timeout_minutes": distributed_timeout_minutes(spec),
-        "dist.distributed_timeout_seconds_after_init": int(spec.comm_timeout_s),
+        "dist.distributed_timeout_seconds_after_init": timeout_after_init_s(spec),
         "rng.seed": spec.seed,
         "scheduler.lr_warmup_iters": 1 if iters > 1 else 0,
         "scheduler.lr_decay_iters": iters,
@@ -187,17 +200,27 @@ def run_fields(spec) -> dict[str, Any]:
 
 
 def dataset_fields(spec) -> dict[str, Any]:
-    """Bridge's mock GPT data at the trial's sequence length and the null tokenizer."""
+    """Bridge's mock GPT data at the trial's sequence length and the null tokenizer.
+
+    ``create_attention_mask`` is off: Megatron-Core's ``GPTDatasetConfig`` defaults it to
+    True, and then every sample carries ``torch.tril(torch.ones(S, S))`` built on the host
+    (``datasets/gpt_dataset.py``), collated per micro-batch into pinned memory by Bridge's
+    loader and dropped by its ``gpt_step`` (TE builds the causal mask itself): 64 MiB a
+    sample at 8K, 16 GiB (and 128 GiB of float temporaries while it is built:
+    benchmarks/RESULTS-bridge-mask.md) at 128K, per rank. Bridge's own
+    perf recipe turns it off (``perf_recipes/gpt_oss/common.py``). ``num_workers`` is the
+    Llama recipes' (``RECIPE_NUM_WORKERS``)."""
     return {
         "dataset.seq_length": spec.seq,
         "dataset.random_seed": spec.seed,
+        "dataset.create_attention_mask": False,
         "dataset.reset_attention_mask": False,
         "dataset.reset_position_ids": False,
         "dataset.eod_mask_loss": False,
         "dataset.num_dataset_builder_threads": 1,
         "dataset.data_sharding": True,
         "dataset.dataloader_type": "single",
-        "dataset.num_workers": 1,
+        "dataset.num_workers": RECIPE_NUM_WORKERS,
         "tokenizer.tokenizer_type": "NullTokenizer",
         "tokenizer.vocab_size": spec.vocab,
     }
@@ -205,7 +228,10 @@ def dataset_fields(spec) -> dict[str, Any]:
 
 def model_fields(spec) -> dict[str, Any]:
     """A Llama-shaped GPT with the model spec's dimensions (RMSNorm, SwiGLU, RoPE, no
-    biases, untied embeddings), dropout off so steps are comparable."""
+    biases, untied embeddings), dropout off so steps are comparable, with what a Llama
+    recipe runs: its fusions (``LLAMA_FUSIONS``) and process environment
+    (``RECIPE_ENV_VARS``, as the container's ``env_vars``). ``SCRATCH_NOT_APPLIED`` lists
+    what it cannot know."""
     missing = [n for n in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim",
                            "vocab") if not getattr(spec, n)]
     if missing:
@@ -243,6 +269,8 @@ def model_fields(spec) -> dict[str, Any]:
         "scheduler.weight_decay_incr_style": "constant",
         "scheduler.start_weight_decay": 0.01,
         "scheduler.end_weight_decay": 0.01,
+        **LLAMA_FUSIONS,
+        "env_vars": dict(RECIPE_ENV_VARS),
     }
 
 

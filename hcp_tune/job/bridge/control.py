@@ -2,8 +2,10 @@
 
 ``StopCheck`` is a Bridge callback (registered like ``StepRecorder``: a plain class whose
 ``on_<event>`` methods Bridge's ``CallbackManager.add`` picks up). Megatron-Bridge v0.6.0
-(commit 51885cf132b2) ``training/train.py`` runs ``while train_state.step <
-train_config.train_iters`` with ``train_config = config.train`` read again on every pass,
+(commit 51885cf132b2) ``training/train.py`` binds ``train_config = config.train`` once,
+before the loop, and runs ``while train_state.step < train_config.train_iters``: the
+object is bound once, its ``train_iters`` read on every pass, so setting
+``cfg.train.train_iters`` on that same object (never replacing ``cfg.train``) is seen. It
 fires ``on_train_step_start`` inside the loop before ``train_step`` and ``on_train_end``
 only after the loop ends normally (an exit through ``should_exit`` calls ``sys.exit``
 instead). So before every step the ranks agree on one flag (``agree``: an all-reduce MAX

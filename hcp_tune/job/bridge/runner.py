@@ -6,13 +6,16 @@ an ``environment`` failure that says which is missing and where the stack comes 
 the trial's config mapping (``config.bridge_fields``: the whole world tp*cp*dp*pp, mbs and
 micro-batches) -> this rank's GPU bound, then Bridge imported (``BridgeStack``: the real
 one, or a test double of ``pretrain``) -> the launcher environment exported the way
-Bridge's ``initialize`` reads it (``LOCAL_RANK`` = the bound GPU index) -> the real
+Bridge's ``initialize`` reads it (``LOCAL_RANK`` the task's own; a task that sees one GPU
+tells Bridge through ``dist.external_gpu_device_mapping``: ``device_fields``) -> the real
 ``ConfigContainer`` -> ``pretrain(cfg, forward_step, callbacks=[fingerprint, guard, stop,
 recorder])``: the guard proves at train start that every TE attention module runs the
 planned CP groups (``guard``/``verify``), ``control.StopCheck`` ends the loop cleanly on the
 stop file or the time limit, the recorder times each step (``measure``); TE's backend
-choice is read from its log -> TFLOP/s against the profile's peak. Without Bridge's callbacks (Bridge < 0.4) it trains
-without them and parses Bridge's log lines instead, and says that CP could not be proven.
+choice is read from its log -> TFLOP/s against the profile's peak. Without Bridge's
+callbacks (Bridge < 0.4) it trains without them and parses Bridge's log lines instead, and
+says that CP could not be proven. Before the binding, the trial's ``env_vars`` (scratch
+mode: the Llama recipes', ``parity``) are exported.
 
 One trial per process: ``pretrain`` sets up Megatron's global state (process groups when
 it created them, the micro-batch calculator, global timers, ``parallel_state``) for one
@@ -56,21 +59,38 @@ def missing_stack() -> Optional[str]:
             f"({sys.executable}, {platform.python_version()}): {CONTAINER_HINT}")
 
 
-def launcher_env(env, cuda_index: Optional[int]) -> dict[str, str]:
-    """What Bridge's ``initialize`` reads (torchrun's names) for this rank.
-
-    ``LOCAL_RANK`` is the GPU index this process was bound to (``dist.bind_device``), not
-    the task's local rank: Bridge v0.6.0 ``training/initialize.py`` calls
-    ``torch.cuda.set_device(LOCAL_RANK)`` and ``barrier(device_ids=[LOCAL_RANK])``, so with
-    one visible GPU per task (``--gpus-per-task=1``, ``--gpu-bind=single``) local rank 3
-    would name a GPU the task cannot see. Without CUDA it is the local rank."""
-    local = env.local_rank if cuda_index is None else cuda_index
-    return {"RANK": str(env.rank), "WORLD_SIZE": str(env.world_size), "LOCAL_RANK": str(local),
-            "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port)}
+def launcher_env(env) -> dict[str, str]:
+    """What Bridge's ``initialize`` reads (torchrun's names) for this rank. ``LOCAL_RANK`` is
+    the task's own local rank, never the GPU index: Bridge v0.6.0 (``training/initialize.py``)
+    runs Megatron-Core's ``compile_helpers()`` (a ``make`` in site-packages, meant for one
+    process per node) on local rank 0 only, so a node's tasks must not all claim 0. Where
+    the task sees one GPU, ``device_fields`` says so to Bridge instead."""
+    return {"RANK": str(env.rank), "WORLD_SIZE": str(env.world_size),
+            "LOCAL_RANK": str(env.local_rank), "MASTER_ADDR": env.master_addr,
+            "MASTER_PORT": str(env.master_port)}
 
 
-def _export_launcher_env(env, cuda_index: Optional[int]) -> None:
-    os.environ.update(launcher_env(env, cuda_index))
+def device_fields(local_rank: int, cuda_index: Optional[int]) -> dict[str, Any]:
+    """How Bridge finds this rank's GPU, as config fields. Bridge calls
+    ``torch.cuda.set_device(LOCAL_RANK)``, or ``set_device(0)`` with
+    ``dist.external_gpu_device_mapping`` (``DistributedInitConfig``: "GPU device mapping
+    externally managed, e.g. via CUDA_VISIBLE_DEVICES"). ``dist.bind_device`` bound
+    ``local_rank % visible``: the local rank itself where the task sees every GPU, GPU 0 where
+    it sees its own only (``--gpus-per-task=1``); any other index Bridge cannot be told."""
+    from hcp_tune.job.failures import EnvironmentProblem
+
+    if cuda_index is None or cuda_index == local_rank:
+        return {}
+    if cuda_index == 0:
+        return {"dist.external_gpu_device_mapping": True}
+    raise EnvironmentProblem(
+        f"local rank {local_rank} was bound to cuda:{cuda_index}: Bridge can only use cuda:"
+        f"LOCAL_RANK or cuda:0 (dist.external_gpu_device_mapping); give each task all of the "
+        "node's GPUs or exactly one (srun --gpus-per-task=1)")
+
+
+def _export_launcher_env(env) -> None:
+    os.environ.update(launcher_env(env))
 
 
 def read_memory(rank: int, device) -> Any:
@@ -168,7 +188,9 @@ def real_stack(spec: TrialSpec) -> BridgeStack:
     from hcp_tune.job.bridge.config import build_container
 
     enable_te_debug_log()  # before Bridge imports TE: TE reads it once, at import
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # compute nodes: no downloads (offline.py)
+    # compute nodes: no downloads, whatever the node had (offline.py); huggingface_hub reads
+    # it once, at import, so before Bridge imports it
+    os.environ["HF_HUB_OFFLINE"] = "1"
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
@@ -230,6 +252,7 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
 
     from hcp_tune.job.attention.te import BackendLog
     from hcp_tune.job.bridge.config import bridge_fields, summary
+    from hcp_tune.job.bridge.parity import export_env, recipe_parity
     from hcp_tune.job.bridge.control import TIME_LIMIT, StopCheck
     from hcp_tune.job.bridge.guard import HCPGuard
     from hcp_tune.job.bridge.measure import StepRecorder, parse_log
@@ -244,13 +267,23 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
                                  f"needs tp*cp*dp*pp = {spec.tp}*{spec.cp}*{spec.dp}*{spec.pp} = "
                                  f"{spec.world_size}")
     fields = bridge_fields(spec)  # a bad override fails here, before any device work
+    export_env(fields)  # the recipes' NCCL and allocator settings, before CUDA starts
     # the GPU binding first: importing Bridge imports TE, and anything CUDA before the
     # binding would land on GPU 0
     cuda_index, device = _bind(env, needs_cuda=stack is None or stack.needs_cuda)
+    fields.update(device_fields(env.local_rank, cuda_index))
     stack = stack or real_stack(spec)
-    _export_launcher_env(env, cuda_index)
+    _export_launcher_env(env)
     res.verification["bridge_config"] = summary(fields)
+    parity = recipe_parity(fields)
+    if parity.get("not_applied"):
+        res.notes.append("scratch mode: the Llama recipes' environment and fusions applied "
+                         "except " + ", ".join(parity["not_applied"]))
     cfg = stack.build_container(fields)
+    if "recipe" in fields:
+        from hcp_tune.job.bridge.offline import last_sources
+
+        res.notes += [f"recipe model config: {line}" for line in last_sources()]
 
     with_callbacks = "callbacks" in inspect.signature(stack.pretrain).parameters
     collect_fn = None
@@ -280,7 +313,12 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
     finally:
         te_log.detach()
         res.verification["cp_active"] = guard.report or {"checked": False}
+        res.fingerprint["bridge_recipe_parity"] = parity
     res.te_backend = te_log.last
+    import resource  # this rank's host peak (the loader's pinned batches live here)
+
+    res.verification["host_peak_rss_bytes"] = resource.getrusage(
+        resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     if with_callbacks:
         m = recorder.result(world_size=spec.world_size,
                             flops_per_step_ported=ported_flops(cfg, spec))

@@ -9,13 +9,21 @@ runs while its extracted condition holds (read again each pass, so lowering
 ``cfg.train.train_iters`` ends it), and the step and FLOP counters move where the extract
 says (after ``on_train_step_end``). ``forward_step_double`` has the extracted parameters.
 
-What it runs: Megatron-Core's real ``initialize_model_parallel`` on gloo with the config's
-tp, pp, cp and hierarchical sizes, and per pipeline stage a few tiny blocks whose
+What it runs: ``runtime_config_update_double`` first, as Bridge's ``pretrain`` does (the
+container's ``env_vars`` applied with ``setdefault``, the data-parallel size from the world,
+then Bridge's validation rules that a trial can meet, restated in ``validate_double`` with
+where each lives), then Megatron-Core's real ``initialize_model_parallel`` on gloo with the
+config's tp, pp, cp and hierarchical sizes, and per pipeline stage a few tiny blocks whose
 ``AttentionDouble`` modules carry ``cp_comm_type``, ``cp_group`` and ``cp_global_ranks`` as
-Megatron-Core's ``TEDotProductAttention`` hands them to TE (``[a2a, p2p]`` for a2a+p2p,
-the flat CP group otherwise). ``plant_wrong_group`` gives one module on rank 0 its levels
+Megatron-Core's ``TEDotProductAttention`` hands them to TE (``[a2a, p2p]`` for a2a+p2p from
+``get_hierarchical_context_parallel_groups(check_initialized=False)``, so None when the
+sizes never reached it; the flat CP group otherwise). A step runs ``global_batch /
+(micro_batch * dp)`` micro-batches (Megatron-Core's micro-batch calculator), and the mock
+data builds Megatron-Core's S x S mask per sample unless ``dataset.create_attention_mask``
+is False (its default is True). ``plant_wrong_group`` gives one module on rank 0 its levels
 swapped, which the runner's CP proof must catch. ``te_log_line`` makes the first attention
 forward log a line on TE's logger, as TE's backend selection does with NVTE_DEBUG.
+``record`` names a JSON file the double writes: micro-batches per step, mask bytes built.
 
 Run as a script, it is one rank of tests/job/bridge/test_bridge_runner_double.py.
 """
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from datetime import timedelta
@@ -44,9 +53,54 @@ def _section(fields: dict, name: str) -> SimpleNamespace:
 
 def build_container_double(fields: dict) -> SimpleNamespace:
     """The trial's field mapping as nested namespaces (paths checked elsewhere against
-    Bridge's real field names: tests/data/bridge_fields.json)."""
+    Bridge's real field names: tests/data/bridge_fields.json); ``env_vars`` as it is."""
     heads = {k.split(".")[0] for k in fields if "." in k}
-    return SimpleNamespace(**{h: _section(fields, h) for h in heads})
+    return SimpleNamespace(**{h: _section(fields, h) for h in heads},
+                           env_vars=dict(fields.get("env_vars") or {}))
+
+
+class BridgeValidationError(AssertionError):
+    """What Bridge's validation raises (an assert) for a config it refuses."""
+
+
+def validate_double(config) -> None:
+    """Bridge v0.6.0's checks a trial's config can meet, restated (the rules, not the code):
+    ``ConfigContainer._validate_cp_comm_type`` (training/config.py ~l.1521): a per-layer
+    ``cp_comm_type`` list has one entry per layer, ``a2a+p2p`` needs
+    ``hierarchical_context_parallel_sizes``, whose product is the CP size;
+    ``ConfigContainer.validate`` (~l.1500): ``model.seq_length == dataset.seq_length``;
+    Megatron-Core's micro-batch calculator: the global batch divides by micro batch * dp."""
+    m, t = config.model, config.train
+    cp, comm = m.context_parallel_size, getattr(m, "cp_comm_type", None)
+    sizes = getattr(m, "hierarchical_context_parallel_sizes", None)
+    kinds = comm if isinstance(comm, list) else [comm or "p2p"]
+    if isinstance(comm, list) and cp > 1 and len(comm) != m.num_layers:
+        raise BridgeValidationError(f"cp_comm_type has {len(comm)} entries, {m.num_layers} layers")
+    if any("a2a+p2p" in k for k in kinds) and sizes is None:
+        raise BridgeValidationError("hierarchical_context_parallel_sizes must be set when "
+                                    "cp_comm_type contains 'a2a+p2p'")
+    if sizes is not None and math.prod(sizes) != cp:
+        raise BridgeValidationError(f"product of hierarchical_context_parallel_sizes {sizes} "
+                                    f"must equal context_parallel_size {cp}")
+    if m.seq_length != config.dataset.seq_length:
+        raise BridgeValidationError(f"model seq_length {m.seq_length} != dataset seq_length "
+                                    f"{config.dataset.seq_length}")
+    dp = config.data_parallel_size
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise BridgeValidationError(f"global batch {t.global_batch_size} is not divisible by "
+                                    f"micro batch {t.micro_batch_size} * dp {dp}")
+
+
+def runtime_config_update_double(config, world: int) -> None:
+    """``runtime_config_update`` as the double runs it: ``env_vars`` with ``setdefault``
+    (training/config.py ``apply_environment_variables``), the data-parallel size, the checks."""
+    for name, value in config.env_vars.items():
+        os.environ.setdefault(name, str(value))
+    m = config.model
+    config.data_parallel_size = world // (m.tensor_model_parallel_size
+                                          * m.pipeline_model_parallel_size
+                                          * m.context_parallel_size)
+    validate_double(config)
 
 
 class AttentionDouble(torch.nn.Module):
@@ -78,8 +132,9 @@ def _cp_settings(model_cfg) -> dict:
 
     comm = getattr(model_cfg, "cp_comm_type", None) or "p2p"
     flat = ps.get_context_parallel_group()
-    if comm == "a2a+p2p":
-        group: Any = list(ps.get_hierarchical_context_parallel_groups())
+    if comm == "a2a+p2p":  # as Megatron-Core's TEDotProductAttention asks for them
+        hier = ps.get_hierarchical_context_parallel_groups(check_initialized=False)
+        group: Any = list(hier) if hier is not None else None
     else:
         group = flat
     return dict(cp_comm_type=comm, cp_group=group,
@@ -108,13 +163,17 @@ class PretrainDouble:
     """``pretrain(config, forward_step_func, callbacks=None)`` on gloo, per the extract."""
 
     def __init__(self, *, plant_wrong_group: bool = False,
-                 te_log_line: Optional[str] = None, hidden: int = 16) -> None:
+                 te_log_line: Optional[str] = None, hidden: int = 16,
+                 record: Optional[str] = None) -> None:
         self.plant_wrong_group, self.te_log_line, self.hidden = (
             plant_wrong_group, te_log_line, hidden)
+        self.record = record
+        self.seen: dict = {"micro_batches": [], "mask_bytes": 0}
 
     def __call__(self, config, forward_step_func, callbacks=None) -> None:
         from megatron.core import parallel_state as ps
 
+        runtime_config_update_double(config, int(os.environ["WORLD_SIZE"]))
         created = not dist.is_initialized()
         if created:  # Bridge's initialize: torchrun's variables, the configured timeout
             dist.init_process_group(
@@ -129,6 +188,8 @@ class PretrainDouble:
             create_gloo_process_groups=False)
         try:
             self._train(config, forward_step_func, callbacks or [])
+            if self.record:
+                Path(self.record).write_text(json.dumps(self.seen))
         finally:  # the double runs several trials per process; Bridge runs one
             ps.destroy_model_parallel()
             ps._HIERARCHICAL_CONTEXT_PARALLEL_GROUPS = None  # not reset by destroy (groups.py)
@@ -156,11 +217,18 @@ class PretrainDouble:
         state = SimpleNamespace(cfg=config, train_state=SimpleNamespace(
             step=0, floating_point_operations_so_far=0))
         tc = config.train
-        micro = max(1, tc.global_batch_size // tc.micro_batch_size)
+        micro = tc.global_batch_size // (tc.micro_batch_size * config.data_parallel_size)
         g = torch.Generator().manual_seed(config.rng.seed)
+        seq = config.dataset.seq_length
+        # Megatron-Core's GPTDatasetConfig.create_attention_mask defaults to True
+        mask = getattr(config.dataset, "create_attention_mask", True)
 
         def data():
             while True:
+                if mask:  # per sample, as the mock dataset builds it on the host
+                    for _ in range(tc.micro_batch_size):
+                        built = torch.tril(torch.ones((seq, seq))) < 0.5
+                        self.seen["mask_bytes"] += built.numel() * built.element_size()
                 yield torch.randn(tc.micro_batch_size, 8, self.hidden, generator=g)
         it = data()
         flops = 6.0 * sum(p.numel() for p in model[0].parameters()) * tc.global_batch_size * 8
@@ -179,6 +247,7 @@ class PretrainDouble:
 
         def train_step() -> None:
             optimizer.zero_grad()
+            self.seen["micro_batches"].append(micro)
             for _ in range(micro):
                 output, loss_func = forward_step_func(state, it, model[0])  # one chunk
                 loss, report = loss_func(output)
@@ -227,7 +296,9 @@ def main(scenarios_file: str, out_dir: str) -> None:
         spec = spec_from_json(json.dumps(sc["spec"]))
         env = DistEnv(rank=rank, local_rank=rank, world_size=world, master_addr="127.0.0.1",
                       master_port=base + i, source="torchrun")
-        res = run_bridge_trial(spec, env=env, stack=double_stack(**sc.get("double", {})))
+        record = Path(out_dir, f"{sc['name']}.double.rank{rank}.json")
+        kw = {**sc.get("double", {}), "record": str(record)}
+        res = run_bridge_trial(spec, env=env, stack=double_stack(**kw))
         Path(out_dir, f"{sc['name']}.rank{rank}.json").write_text(to_json(res))
 
 

@@ -275,7 +275,11 @@ def test_the_comm_timeout_grows_with_the_world_until_the_first_iteration_ends():
     assert distributed_timeout_minutes(spec(comm_timeout_s=900.0, time_limit_s=3600.0)) == 15
     assert distributed_timeout_minutes(spec(comm_timeout_s=120.0, time_limit_s=180.0)) == 3
     f = bc.bridge_fields(big)
-    assert f["dist.distributed_timeout_seconds_after_init"] == 120
+    # issue 30: after step 1 the groups kept comm_timeout_s (120 s), which one step at
+    # m = 3*pp and 128K can pass; they keep the first iteration's timeout now
+    assert f["dist.distributed_timeout_seconds_after_init"] == 6 * 60
+    assert bc.bridge_fields(spec(comm_timeout_s=900.0, time_limit_s=3600.0))[
+        "dist.distributed_timeout_seconds_after_init"] == 900
     assert (f["model.pipeline_model_parallel_size"], f["train.global_batch_size"]) == (2, 1)
 
 
@@ -310,3 +314,56 @@ def test_stop_check_ends_every_rank_on_the_step_one_rank_saw_the_stop_file(tmp_p
     ranks[1].on_train_step_start(ctx)  # the rank that sees the file
     ranks[0].on_train_step_start(ctx)  # agree(): the maximum of both proposals
     assert ranks[0].reason == STOP_FILE and ctx.state.cfg.train.train_iters == 4
+
+
+# ---------------------------------------------------------------- issue 30
+
+@pytest.mark.parametrize("recipe", [None, "llama3_8b_pretrain_config"])
+def test_the_mock_data_builds_no_seq_by_seq_attention_mask(recipe):
+    """Megatron-Core's GPTDatasetConfig defaults create_attention_mask to True: every sample
+    then carries a tril(ones(S, S)) on the host (16 GiB a sample at 128K), which Bridge's
+    step drops. Set off in both modes (recipe mode: in the mock dataset's arguments)."""
+    f = bc.bridge_fields(spec(seq=131072, bridge_recipe=recipe))
+    data = f["dataset"].kwargs if recipe else {
+        k.split(".", 1)[1]: v for k, v in f.items() if k.startswith("dataset.")}
+    assert data["create_attention_mask"] is False
+    assert "create_attention_mask" in FIELDS["sections"]["dataset"]  # a real field
+
+
+def test_scratch_mode_runs_with_the_llama_recipes_environment_and_fusions():
+    """issue 30: scratch mode set none of the recipes' environment (NVLS off, expandable
+    segments, NCCL stream settings) nor their fusions, and one data-loader worker."""
+    from hcp_tune.job.bridge.parity import LLAMA_FUSIONS, RECIPE_ENV_VARS, recipe_parity
+
+    f = bc.bridge_fields(spec())
+    assert f["env_vars"] == RECIPE_ENV_VARS and f["env_vars"]["NCCL_NVLS_ENABLE"] == 0
+    assert f["env_vars"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert all(f[k] == v for k, v in LLAMA_FUSIONS.items()) and f["dataset.num_workers"] == 8
+    parity = recipe_parity(f)
+    assert parity["mode"] == "scratch" and parity["env_vars"] == RECIPE_ENV_VARS
+    assert [x.split(" ")[0] for x in parity["not_applied"]] == ["model.rotary_base",
+                                                                "model.rope_scaling"]
+    # an override that turns one off is reported as not applied
+    off = recipe_parity(bc.bridge_fields(spec(bridge_overrides=["model.apply_rope_fusion=false"])))
+    assert "model.apply_rope_fusion" in off["not_applied"]
+    # recipe mode keeps the recipe's own
+    f = bc.bridge_fields(spec(bridge_recipe="llama3_8b_pretrain_config"))
+    assert "env_vars" not in f and recipe_parity(f)["mode"] == "recipe"
+
+
+def test_the_recipe_environment_is_exported_before_cuda_and_the_users_value_wins():
+    from hcp_tune.job.bridge.parity import export_env
+
+    env = {"NCCL_NVLS_ENABLE": "1"}
+    done = export_env(bc.bridge_fields(spec()), env)
+    assert env["NCCL_NVLS_ENABLE"] == "1" and "NCCL_NVLS_ENABLE" not in done  # the user's
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["TORCH_NCCL_HIGH_PRIORITY"] == "1"
+
+
+def test_the_scratch_container_gets_the_env_vars_and_fusions(monkeypatch):
+    monkeypatch.setattr(bc, "resolve", fake_resolve)
+    cfg = bc.build_container(bc.bridge_fields(spec()))
+    assert cfg.env_vars["NCCL_GRAPH_REGISTER"] == 0
+    assert cfg.model.apply_rope_fusion is True and cfg.model.cross_entropy_fusion_impl == "te"
+    assert cfg.dataset.create_attention_mask is False

@@ -72,3 +72,53 @@ def test_the_failure_class_of_a_missing_recipe_config_is_environment():
 
     cls, line = classify(RecipeNeedsFiles("runner.recipe=x: needs the Hugging Face config of y"))
     assert cls.value == "environment" and "runner.recipe=x: needs" in line
+
+
+def test_the_stand_in_answers_every_class_attribute_of_autobridge(recipe_module):
+    """issue 30: the shim answered only from_hf_pretrained as a class attribute (its
+    __getattr__ served instances only); a recipe calling another AutoBridge classmethod
+    failed. It is a subclass of the real one now."""
+    AutoBridgeStandIn.supports = classmethod(lambda cls, path: f"yes {path}")
+
+    def recipe():
+        return recipe_module.AutoBridge.supports("meta-llama/Meta-Llama-3-8B")
+
+    recipe.__module__ = recipe_module.__name__
+    assert call_recipe(recipe, name="r", make_config=lambda path: None) == (
+        "yes meta-llama/Meta-Llama-3-8B")
+
+
+def test_the_profiles_dimensions_come_first_and_the_hub_is_never_asked(recipe_module):
+    """issue 30: from_hf_pretrained was tried first (a download on every rank where the
+    node had network and HF_HUB_OFFLINE set otherwise); a describable model is built from
+    the profile's dimensions, and which source answered is noted."""
+    from hcp_tune.job.bridge.offline import last_sources
+
+    asked = []
+    AutoBridgeStandIn.from_hf_pretrained = classmethod(lambda cls, path, **kw: asked.append(path))
+    try:
+        call_recipe(recipe_module.llama3_8b_128k_pretrain_config, name="r",
+                    make_config=lambda path: {"layers": 2})
+    finally:
+        del AutoBridgeStandIn.from_hf_pretrained
+    assert asked == [] and AutoBridgeStandIn.seen == [{"layers": 2}]
+    assert last_sources() == ["meta-llama/Meta-Llama-3-8B: built from the model profile's "
+                              "dimensions"]
+
+
+@pytest.mark.parametrize("path,theta,factor", [
+    ("meta-llama/Meta-Llama-3-8B", 500000.0, None),
+    ("meta-llama/Llama-3.1-405B", 500000.0, 8.0),
+    ("meta-llama/Llama-3.2-1B", 500000.0, 32.0),
+    ("meta-llama/Llama-2-7b-hf", 10000.0, None),
+])
+def test_the_llama_fallback_has_the_generations_rope(path, theta, factor):
+    """issue 30: the Llama fallback config had no rope_scaling (Llama 3.1+ has llama3's)."""
+    from hcp_tune.job.bridge.offline import llama_rope
+
+    got_theta, scaling = llama_rope(path)
+    assert got_theta == theta
+    assert (scaling or {}).get("factor") == factor
+    if factor:
+        assert scaling["rope_type"] == "llama3"
+        assert scaling["original_max_position_embeddings"] == 8192

@@ -1,8 +1,11 @@
 """``job.bridge.runner`` end to end on CPU: ``run_bridge_trial`` with the test double of
 Bridge's ``pretrain`` (pretrain_double.py, its protocol from the pinned source's extract),
-four gloo processes running five trials one after another: a measured a2a+p2p run, a
+four gloo processes running eight trials one after another: a measured a2a+p2p run, a
 planted wrong ``cp_group`` on one module (invalid), the stop file (pruned), the time limit
-(failed, time_limit), and pp=2 with two micro-batches per step.
+(failed, time_limit), pp=2 with two micro-batches per step, dp=2 with three (issue 30: the
+double counts global / (micro * dp)), and two misconfigurations the double does not build
+in, given as overrides: ``cp_comm_type=p2p`` on an a2a+p2p trial (the guard catches it)
+and null hierarchical sizes (Bridge's validation, restated in the double, refuses it).
 
 Nothing here is a GPU result: the double checks the runner's control flow, the CP proof on
 the modules, the memory readings' CPU fallback, the stop flag and the failure classes.
@@ -38,10 +41,10 @@ def _free_port_block(n: int) -> int:
     raise RuntimeError("no free port")
 
 
-def _spec(name: str, layout: Layout, *, pp: int = 1, tmp: Path, **kw):
-    spec = make_spec(layout, seq=64, runner="bridge", trial_id=name, pp=pp, layers=2 * pp,
-                     ffn_hidden=64, expected_groups=rank_groups(
-                         layout, tp=1, pp=pp, gpus_per_node=8).as_dict(),
+def _spec(name: str, layout: Layout, *, pp: int = 1, dp: int = 1, tmp: Path, **kw):
+    spec = make_spec(layout, seq=64, runner="bridge", trial_id=name, pp=pp, dp=dp,
+                     layers=2 * pp, ffn_hidden=64, expected_groups=rank_groups(
+                         layout, tp=1, dp=dp, pp=pp, gpus_per_node=8).as_dict(),
                      progress_path=str(tmp / f"{name}.jsonl"), stop_path=str(tmp / f"{name}.stop"),
                      **kw)
     return json.loads(json.dumps(dataclasses.asdict(spec)))
@@ -59,6 +62,11 @@ def ran(tmp_path_factory) -> dict:
         {"name": "stop", "spec": _spec("stop", Layout(2, 2), tmp=tmp)},
         {"name": "limit", "spec": _spec("limit", Layout(2, 2), tmp=tmp, time_limit_s=1e-3)},
         {"name": "pp2", "spec": _spec("pp2", Layout(1, 2), pp=2, tmp=tmp, micro_batches=2)},
+        {"name": "dp2", "spec": _spec("dp2", Layout(1, 2), dp=2, tmp=tmp, micro_batches=3)},
+        {"name": "comm_p2p", "spec": _spec("comm_p2p", Layout(2, 2), tmp=tmp, bridge_overrides=[
+            "model.cp_comm_type=p2p"])},
+        {"name": "null_sizes", "spec": _spec("null_sizes", Layout(2, 2), tmp=tmp, bridge_overrides=[
+            "model.hierarchical_context_parallel_sizes=null"])},
     ]
     (tmp / "scenarios.json").write_text(json.dumps(scenarios))
     env = {**os.environ, "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1",
@@ -94,6 +102,12 @@ def test_the_double_drives_the_runner_to_a_verified_measurement(ran):
     assert res.fingerprint["hosts"] and res.te_backend == TE_LINE.split(" = ")[1]
     fields = res.verification["bridge_config"]
     assert fields["model.hierarchical_context_parallel_sizes"] == [2, 2]
+    # issue 30: scratch mode's recipe environment and fusions, recorded with the trial
+    parity = res.fingerprint["bridge_recipe_parity"]
+    assert parity["mode"] == "scratch" and parity["env_vars"]["NCCL_NVLS_ENABLE"] == 0
+    assert any(n.startswith("scratch mode: the Llama recipes' environment and fusions applied "
+                            "except model.rotary_base") for n in res.notes)
+    assert res.verification["host_peak_rss_bytes"] > 0
     progress = (ran["_tmp"] / "ok.jsonl").read_text().splitlines()
     assert len(progress) == 2  # rank 0's measured steps, for early stopping
 
@@ -128,3 +142,37 @@ def test_the_whole_world_runs_with_pipeline_stages_and_micro_batches(ran):
     assert fields["model.pipeline_model_parallel_size"] == 2
     assert fields["train.global_batch_size"] == 2  # mbs 1 * dp 1 * 2 micro-batches
     assert res.world_size == WORLD
+
+
+def _seen(ran, name: str, rank: int = 0) -> dict:
+    return json.loads((ran["_tmp"] / f"{name}.double.rank{rank}.json").read_text())
+
+
+@pytest.mark.multiproc
+def test_the_runners_mock_data_builds_no_seq_by_seq_mask(ran):
+    """issue 30: without create_attention_mask=False Megatron-Core's mock data builds an
+    S x S mask per sample (16 GiB at 128K); the double builds it as Megatron-Core does."""
+    assert ran["ok"].status == Status.OK
+    assert all(_seen(ran, "ok", r)["mask_bytes"] == 0 for r in range(WORLD))
+
+
+@pytest.mark.multiproc
+def test_a_step_runs_global_over_micro_times_dp_micro_batches(ran):
+    res = ran["dp2"]
+    assert res.status == Status.OK, res.error
+    assert res.verification["bridge_config"]["train.global_batch_size"] == 6  # 1 * 2 * 3
+    assert set(_seen(ran, "dp2")["micro_batches"]) == {3}  # not 6: dp has its place
+
+
+@pytest.mark.multiproc
+def test_a_comm_type_override_that_is_not_the_plans_is_caught_by_the_guard(ran):
+    res = ran["comm_p2p"]
+    assert res.status == Status.INVALID
+    assert "has cp_comm_type='p2p', expected 'a2a+p2p'" in res.error
+
+
+@pytest.mark.multiproc
+def test_null_hierarchical_sizes_are_refused_by_bridges_validation(ran):
+    res = ran["null_sizes"]
+    assert res.status == Status.FAILED
+    assert "hierarchical_context_parallel_sizes must be set" in res.error
