@@ -120,6 +120,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--seq", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--prefix", default="s", help="session tag prefix (a machine's runs apart)")
     ap.add_argument("--one-session", help=argparse.SUPPRESS)  # the child process's tag
     args = ap.parse_args()
     out = Path(args.out)
@@ -141,10 +142,10 @@ def main() -> int:
     for s in range(args.sessions):  # each session a process of its own: a new CUDA context
         t0 = time.monotonic()
         subprocess.run([sys.executable, __file__, "--out", str(out), "--one-session",
-                        f"s{s + 1}", "--trials", str(args.trials), "--warmup",
+                        f"{args.prefix}{s + 1}", "--trials", str(args.trials), "--warmup",
                         str(args.warmup), "--steps", str(args.steps), "--seq",
                         *map(str, args.seq)], check=True, env=os.environ)
-        print(f"gpu-recording: session s{s + 1} done in {time.monotonic() - t0:.0f} s",
+        print(f"gpu-recording: session {args.prefix}{s + 1} done in {time.monotonic() - t0:.0f} s",
               flush=True)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     print(summary(rows))

@@ -277,6 +277,19 @@ def run(ctx: Ctx, *, dry: bool, out: Callable[[str], None] = print) -> list[Line
         out(textwrap.fill(f"step {i} {step.name} (needs {step.gpus} GPU(s)): runs {step.runs};"
                           f" proves {step.proves}", width=width, subsequent_indent="    ",
                           break_on_hyphens=False))
+        # On GPUs a step that cannot run is said before it is built: too few GPUs, or (for a
+        # Bridge run) no Bridge stack, whose absence would otherwise surface as whatever
+        # orchestrator import the build needs first (seen on a lent H200: "No module named
+        # 'submitit'" where the cause was no TE and no Bridge).
+        if not dry and step.gpus > ctx.gpus:
+            out(f"gpu-check first-session {step.name}: SKIPPED  needs {step.gpus} GPU(s), "
+                f"{ctx.gpus} visible")
+            continue
+        missing = _stack_missing() if not dry and step.build else None
+        if missing:
+            lines.append(_line(step.name, False, f"not run: {missing}"))
+            out(textwrap.fill(lines[-1][1], width=width, subsequent_indent="    "))
+            continue
         try:
             specs = step.build(ctx) if step.build else []
         except Exception as e:  # a step that cannot even be built is a failed step
@@ -291,10 +304,6 @@ def run(ctx: Ctx, *, dry: bool, out: Callable[[str], None] = print) -> list[Line
                               subsequent_indent="      ", break_on_hyphens=False,
                               break_long_words=False))
         if dry and step.name != "imports":
-            continue
-        if step.gpus > ctx.gpus:
-            out(f"gpu-check first-session {step.name}: SKIPPED  needs {step.gpus} GPU(s), "
-                f"{ctx.gpus} visible")
             continue
         try:
             got = step.check(ctx, specs) if step.check else []

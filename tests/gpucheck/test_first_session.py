@@ -80,3 +80,24 @@ def test_the_recorder_is_compared_with_bridges_iteration_lines(tmp_path):
     assert ok and "Bridge's elapsed time per iteration 1 s (-3.0%" in line
     ctx.results["mask"] = (spec, _res(1.10))  # above Bridge's own loop timer: wrong
     assert not session.check_recorder(ctx, [])[0][0]
+
+
+def test_on_one_gpu_without_the_stack_bridge_steps_say_so_and_bigger_steps_are_skipped(
+        tmp_path, monkeypatch):
+    """What a lent H200 with torch only printed before the fix: the 4-GPU 'negatives' step was
+    built (and FAILed) on 1 GPU, and each Bridge step failed on an orchestrator import
+    ('No module named submitit') instead of naming the missing Bridge stack."""
+    monkeypatch.setattr(session, "_stack_missing", lambda: "Megatron-Bridge not importable")
+
+    def no_build(ctx, *a, **k):
+        raise AssertionError("a step that cannot run was built")
+
+    monkeypatch.setattr(session, "_spec", no_build)
+    seen: list[str] = []
+    session.run(session.Ctx(cluster="dgx-h100", workdir=tmp_path, gpus=1), dry=False,
+                out=seen.append)
+    text = "\n".join(seen)
+    for name in ("bridge-32k-mask", "fit-pp1"):
+        assert f"first-session {name}: FAIL  not run: Megatron-Bridge not importable" in text
+    skipped = [ln.split()[2].rstrip(":") for ln in seen if "SKIPPED" in ln]
+    assert skipped == ["guard-cp4", "negatives", "fit-pp2", "srun-one-gpu-per-task"]
