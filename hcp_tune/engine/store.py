@@ -30,7 +30,6 @@ The tables' text and ranking are ``tables``; the key and row schema ``records``.
 from __future__ import annotations
 
 import csv
-import fcntl
 import io
 import json
 import os
@@ -42,6 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from hcp_tune.engine import folderlock
 from hcp_tune.engine.records import (
     KEY_FIELDS,
     RECOMMENDATION_COLUMNS,
@@ -141,13 +141,10 @@ class ResultStore:
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        """The folder's exclusive lock (``folderlock``: flock, or a lock file where the
+        file system has no flock)."""
+        with folderlock.hold(self.root / ".lock"):
+            yield
 
     def row_path(self, key: SweepKey, trial_id: str) -> Path:
         return self.root / "rows" / key.slug / f"{trial_id}.json"
