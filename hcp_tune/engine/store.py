@@ -51,7 +51,6 @@ from hcp_tune.engine.records import (
     ResultsTooNew,
     SweepKey,
     TrialRow,
-    Verification,
     key_rows,
     name_slug,
     row_text,
@@ -66,7 +65,8 @@ from hcp_tune.engine.tables import (  # rank, recommendations, missing_layouts: 
     recommendations,
     table_entry,
 )
-from hcp_tune.spec import TrialResult, TrialSpec, atomic_open, atomic_write_text
+from hcp_tune.engine.trialrow import single_run_fields, trial_row, verified  # re-exported
+from hcp_tune.spec import atomic_open, atomic_write_text
 
 # The columns of trials.csv (``records.TrialRow``'s fields, in order; a row's extra
 # fields, such as a skipped layout's ``predicted_step_s``, follow) and of
@@ -75,60 +75,6 @@ from hcp_tune.spec import TrialResult, TrialSpec, atomic_open, atomic_write_text
 __all__ = ["KEY_FIELDS", "TRIAL_COLUMNS", "RECOMMENDATION_COLUMNS", "ROW_SCHEMA",
            "ResultsTooNew", "ResultStore", "SweepKey", "key_rows", "trial_row", "rank",
            "recommendations", "missing_layouts", "csv_line", "csv_cell"]
-
-
-def single_run_fields(key: SweepKey, spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
-    """The micro-batch fields of a row measured by one run (``spec``): runner=bridge
-    measured at ``spec.micro_batches`` (at the user's m, its median is the step there);
-    the attention runner has none."""
-    if spec.runner != "bridge":
-        return {}
-    m = max(1, spec.micro_batches)
-    return {"measured_micro_batches": json.dumps([m]),
-            "point_medians_s": json.dumps([result.median_s]),
-            "step_at_user_m_s": result.median_s if m == key.micro_batches else None}
-
-
-def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, *,
-              micro: Optional[dict[str, Any]] = None, **extra: Any) -> dict[str, Any]:
-    """One flat row (``records.TrialRow.to_dict``): the key, the layout, the status and
-    every measured statistic. ``micro``: the micro-batch fields of a trial measured at
-    several m (``engine.trials.point_fields``); default those of one run of ``spec``."""
-    return TrialRow(
-        **{k: getattr(key, k) for k in KEY_FIELDS},
-        trial_id=spec.trial_id,
-        a2a=spec.a2a,
-        p2p=spec.p2p,
-        comm_type=spec.comm_type,
-        status=result.status.value,
-        failure_class=result.failure_class.value if result.failure_class else "",
-        error=result.error or "",
-        median_s=result.median_s,
-        p10_s=result.p10_s,
-        p90_s=result.p90_s,
-        steps=len(result.step_times_s),
-        step_times_s=json.dumps(result.step_times_s),
-        peak_mem_bytes=result.peak_mem_bytes,
-        tflops_per_gpu=result.tflops_per_gpu,
-        wall_s=result.wall_s,
-        mem_note=result.mem_note,
-        backend=result.backend,
-        te_backend=result.te_backend,
-        qkv_format=result.qkv_format,
-        notes="; ".join(result.notes),
-        verified=verified(result.verification),
-        fingerprint=json.dumps(result.fingerprint, sort_keys=True),
-        job_id=result.job_id or "",
-        log_path=result.log_path or "",
-        phases_s=json.dumps(result.phases_s, sort_keys=True),
-        **(single_run_fields(key, spec, result) if micro is None else micro),
-        extra=extra,
-    ).to_dict()
-
-
-def verified(evidence: dict[str, Any]) -> bool:
-    """The trial proved CP active (``records.Verification``)."""
-    return Verification.from_dict(evidence).verified
 
 
 class ResultStore:
@@ -221,10 +167,12 @@ class ResultStore:
     def ledger(self, storage: Any = None) -> Any:
         """The optuna storage of this folder's studies: ``storage`` when given (an RDB URL
         or one journal file: ``search.storage``), else one journal per key under
-        ``journals/`` (``tuner.Journals``). A folder holding the single ``optuna.journal``
+        ``journals/`` (``tuner.Journals``), or the database this folder was last synced
+        from (``remembered``). A folder holding the single ``optuna.journal``
         of an older hcp-tune is split into per-key journals first, once, under the lock."""
         from hcp_tune.engine import tuner
 
+        storage = storage if storage is not None else self.remembered()
         if storage is not None:
             return tuner.open_storage(storage)
         if (self.root / LEGACY_JOURNAL).is_file() and not (self.root / JOURNALS).is_dir():
@@ -275,27 +223,45 @@ class ResultStore:
         return self._rebuild(storage, everything=True)
 
     def _rebuild(self, storage: Any, everything: bool) -> tuple[Path, Path]:
-        from hcp_tune.engine import tuner
+        from hcp_tune.engine import rdb, tuner
 
         storage = self.ledger(storage or self.storage)
         with self.lock():
             self.rebuild_locked(tuner.Ledger(storage), everything)
+            url = rdb.shown_url(storage)
+            if url is not None and url != self.remembered():
+                atomic_write_text(str(self.root / LEDGER_FILE), json.dumps({"storage": url}))
         return self.root / "trials.csv", self.root / "recommendations.csv"
+
+    def remembered(self) -> Optional[str]:
+        """The database this folder is a view of (``.ledger.json``, written by a sync or
+        sweep that used one; its URL without a password), or None: per-key journals."""
+        try:
+            url = json.loads((self.root / LEDGER_FILE).read_text())["storage"]
+            return url if isinstance(url, str) else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def refresh(self) -> None:
+        """Before a command reads the tables: bring them up to date from the database this
+        folder is a view of (given, or ``remembered``); nothing for a journal folder,
+        whose tables every writer keeps current."""
+        if isinstance(self.storage or self.remembered(), str) \
+                and "://" in (self.storage or self.remembered()):
+            self.rebuild()
 
     def rebuild_locked(self, ledger: Any, everything: bool) -> None:
         """``rebuild``'s work; the caller holds the lock."""
-        from hcp_tune.engine import tuner
-
-        partitioned = isinstance(ledger.storage, tuner.Journals)
-        index = None if everything or not partitioned else self._read_index()
-        slugs = self._slugs(ledger) if partitioned else None
+        slugs, meta = self._slugs(ledger)
+        index = None if everything or slugs is None else self._read_index(meta)
         if index is None:
             dirty = set(slugs) if slugs is not None else None
             keep: dict[str, dict[str, Any]] = {}
         else:
             dirty = {s for s, st in slugs.items()
-                     if index["slugs"].get(s, {}).get("stat") != st}
+                     if index["slugs"].get(s, {}).get("stat") != st} | meta.pop("touched")
             keep = {s: e for s, e in index["slugs"].items() if s in slugs and s not in dirty}
+        meta.pop("touched", None)
         derived = self._derive(ledger, dirty)
         for s, e in derived.items():  # what it was derived from, read before: a trial
             e["stat"] = _settled((slugs or {}).get(s))  # appended meanwhile marks it changed
@@ -309,21 +275,35 @@ class ResultStore:
             entries = derived
             extras = list(dict.fromkeys(x for s in sorted(entries)
                                         for x in entries[s]["extras"]))
-        self._write_tables(entries, index, extras, derived)
+        self._write_tables(entries, index, extras, derived, meta)
 
-    def _slugs(self, ledger: Any) -> dict[str, list[int]]:
-        """Each key folder (by slug) with a journal or a row folder, and what says it
-        changed: its journal's size and time, its row folder's time."""
-        out: dict[str, list[int]] = {}
-        for path in ledger.storage.folder.glob("*.journal"):
-            st = path.stat()
-            out.setdefault(path.stem, [0, 0, 0])[:2] = [st.st_size, st.st_mtime_ns]
+    def _slugs(self, ledger: Any) -> tuple[Optional[dict[str, list[int]]], dict[str, Any]]:
+        """Each key folder (by slug) with a study or a row folder, and what says it
+        changed (its last two numbers are times): per-key journals: the journal's size and
+        time, the row folder's time; a database (``rdb.slug_changes``): the study's trial
+        counts, the row folder's time. And what the index must match (``ledger``: which
+        storage; a database's ``mark`` and the keys ``touched`` since). (None, {}) for a
+        single journal file: every key is derived."""
+        from hcp_tune.engine import rdb, tuner
+
         rows = self.root / "rows"
-        if rows.is_dir():
-            for entry in os.scandir(rows):
-                if entry.is_dir():
-                    out.setdefault(entry.name, [0, 0, 0])[2] = entry.stat().st_mtime_ns
-        return out
+        folders = {e.name: e.stat().st_mtime_ns for e in os.scandir(rows) if e.is_dir()} \
+            if rows.is_dir() else {}
+        if isinstance(ledger.storage, tuner.Journals):
+            out: dict[str, list[int]] = {s: [0, 0, t] for s, t in folders.items()}
+            for path in ledger.storage.folder.glob("*.journal"):
+                st = path.stat()
+                out.setdefault(path.stem, [0, 0, 0])[:2] = [st.st_size, st.st_mtime_ns]
+            return out, {"ledger": JOURNALS, "touched": set()}
+        url = rdb.shown_url(ledger.storage)
+        if url is None:
+            return None, {}
+        index = self._read_index({"ledger": url}) or {}
+        stats, touched, mark = rdb.slug_changes(ledger.storage, index.get("mark", 0))
+        out = {s: [0, 0, 0, 0, t] for s, t in folders.items()}
+        for s, st in stats.items():
+            out.setdefault(s, [0, 0, 0, 0, 0])[:4] = [*st, 0]
+        return out, {"ledger": url, "mark": mark, "touched": touched}
 
     def _derive(self, ledger: Any, slugs: Optional[set[str]]) -> dict[str, dict[str, Any]]:
         """For the key folders ``slugs`` (None: every key the storage or ``rows/`` holds),
@@ -374,11 +354,13 @@ class ResultStore:
                     journals.forget(name)
         return out
 
-    def _read_index(self) -> Optional[dict[str, Any]]:
-        """``.tables.json`` when it describes the tables on disk (their sizes and times)."""
+    def _read_index(self, meta: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """``.tables.json`` when it describes the tables on disk (their sizes and times) and
+        was derived from the ledger ``meta`` names."""
         try:
             index = json.loads((self.root / TABLES_INDEX).read_text())
-            if index.get("version") != TABLES_INDEX_VERSION:
+            if index.get("version") != TABLES_INDEX_VERSION \
+                    or index.get("ledger", JOURNALS) != meta.get("ledger"):
                 return None
             for name in ("trials.csv", "recommendations.csv"):
                 st = (self.root / name).stat()
@@ -389,7 +371,8 @@ class ResultStore:
             return None
 
     def _write_tables(self, entries: dict[str, dict[str, Any]], index: Optional[dict[str, Any]],
-                      extras: list[str], derived: dict[str, dict[str, Any]]) -> None:
+                      extras: list[str], derived: dict[str, dict[str, Any]],
+                      meta: dict[str, Any]) -> None:
         """trials.csv: the header, then each key's rows in slug order (a kept key's lines
         copied from the old table); recommendations.csv: one line per key in key order;
         then the index. Each written atomically."""
@@ -415,7 +398,7 @@ class ResultStore:
         atomic_write_text(str(r_path), csv_line(list(RECOMMENDATION_COLUMNS))
                           + "".join(line for _, line in recs))
         atomic_write_text(str(self.root / TABLES_INDEX), json.dumps({
-            "version": TABLES_INDEX_VERSION, "extras": extras,
+            "version": TABLES_INDEX_VERSION, "extras": extras, **meta,
             "bytes": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in (t_path, r_path)},
             "slugs": entries}, separators=(",", ":")))
 
@@ -435,16 +418,17 @@ class ResultStore:
 
 LEGACY_JOURNAL = "optuna.journal"  # the single journal of folders written before issue 20
 JOURNALS = "journals"  # one journal per sweep key: journals/<slug>.journal
+LEDGER_FILE = ".ledger.json"  # the database this folder is a view of (ResultStore.remembered)
 TABLES_INDEX = ".tables.json"  # where each key's lines lie in the tables (a cache)
 TABLES_INDEX_VERSION = 1
 RACY_NS = 2_000_000_000  # a time this recent may not yet show a write made in its tick
 
 
 def _settled(stat: Optional[list[int]]) -> Optional[list[int]]:
-    """A key's (journal size, journal time, row folder time) as the index keeps it, or
+    """A key's stat (``_slugs``: its last two numbers are times) as the index keeps it, or
     None when a time is within ``RACY_NS`` of now: a file system stamps times in coarse
     ticks, so a row file written in the same tick as the snapshot would leave the folder's
     time unchanged; such a key is derived again by the next update, whatever it shows."""
-    if stat is None or max(stat[1], stat[2]) > time.time_ns() - RACY_NS:
+    if stat is None or max(stat[-2], stat[-1]) > time.time_ns() - RACY_NS:
         return None
     return stat

@@ -109,8 +109,10 @@ def open_storage(url_or_path: Any) -> Any:
     if not isinstance(url_or_path, (str, Path)):
         return url_or_path
     url_or_path = str(url_or_path)
-    if "://" in url_or_path:
-        return optuna.storages.get_storage(url_or_path)
+    if "://" in url_or_path:  # a database: opened by ``rdb`` (driver, retries, one-line errors)
+        from hcp_tune.engine import rdb
+
+        return optuna.storages.get_storage(rdb.open_storage(url_or_path))
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
