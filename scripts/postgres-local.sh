@@ -6,6 +6,7 @@
 #                                      data directory, start the server (a Unix socket, and
 #                                      127.0.0.1 for the password tests), create role and db
 #   scripts/postgres-local.sh stop     stop the server this script started, delete its data
+#   scripts/postgres-local.sh restart  restart it (a fast shutdown: every session is cut)
 #   scripts/postgres-local.sh status   say whether it runs
 #   scripts/postgres-local.sh url      print the URL of its database (over the socket)
 #
@@ -84,6 +85,12 @@ stop() {
     rm -rf "$DIR"
 }
 
+restart() {  # a fast restart (its sessions are cut): how the tests drop a sweep's connection
+    running || die "not running"
+    as_owner "$(bindir)/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -m fast -w restart >/dev/null
+    log "restarted"
+}
+
 status() {
     if running; then log "running: $(url)"; else log "not running"; return 1; fi
 }
@@ -93,7 +100,8 @@ url() { echo "postgresql://$ROLE@/$DB?host=$DIR/run&port=$PORT"; }
 case "${1:-}" in
     start) start ;;
     stop) stop ;;
+    restart) restart ;;
     status) status ;;
     url) url ;;
-    *) echo "usage: $0 start|stop|status|url" >&2; exit 2 ;;
+    *) echo "usage: $0 start|stop|restart|status|url" >&2; exit 2 ;;
 esac

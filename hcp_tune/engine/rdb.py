@@ -28,6 +28,7 @@ from hcp_tune.errors import HcpError
 CONNECT_TIMEOUT_S = 5  # an unreachable host: one line after this, not a hang
 RETRY_S = 120.0  # a lost connection is retried this long (HCP_TUNE_DB_RETRY_S)
 BACKOFF_S = (0.5, 10.0)  # the first wait between tries, and the longest
+OPEN_TRIES = 3  # opening: a lost race to create optuna's tables is tried again
 
 
 class LedgerUnavailable(HcpError):
@@ -73,12 +74,20 @@ def open_storage(url: str) -> Any:
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if full.startswith("postgresql"):
         kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
-    try:
-        storage = _Retrying(full, engine_kwargs=kwargs)
-    except Exception as e:  # noqa: BLE001 - every failure to open is the user's to fix
-        raise LedgerUnavailable(f"search.storage={redacted(url)}: cannot use the database: "
-                                f"{_reason(e)}; check the URL, the password (~/.pgpass or "
-                                "PGPASSWORD) and that the server runs") from None
+    for attempt in range(OPEN_TRIES):
+        try:
+            storage = _Retrying(full, engine_kwargs=kwargs)
+            break
+        except Exception as e:  # noqa: BLE001 - every failure to open is the user's to fix
+            if not _connection_lost(e) and attempt + 1 < OPEN_TRIES:
+                # two users opening an empty database at once both create optuna's
+                # tables: one of them loses that race; the tables exist on its next try
+                time.sleep(BACKOFF_S[0] * (attempt + 1))
+                continue
+            raise LedgerUnavailable(
+                f"search.storage={redacted(url)}: cannot use the database: "
+                f"{_reason(e)}; check the URL, the password (~/.pgpass or PGPASSWORD) and that "
+                "the server runs") from None
     storage.shown_url = redacted(url)
     return storage
 
@@ -148,9 +157,12 @@ def _retry(method: Callable) -> Callable:
 def _retrying_class() -> type:
     from optuna.storages import BaseStorage, RDBStorage
 
+    def late(name: str) -> Callable:  # RDBStorage's method, looked up at each call
+        return lambda self, *a, **kw: getattr(RDBStorage, name)(self, *a, **kw)
+
     names = {n for n in dir(BaseStorage) if not n.startswith("_")} \
         | {n for n in vars(RDBStorage) if not n.startswith("_") and callable(vars(RDBStorage)[n])}
-    body = {n: _retry(getattr(RDBStorage, n)) for n in sorted(names)
+    body = {n: _retry(late(n)) for n in sorted(names)
             if callable(getattr(RDBStorage, n, None)) and n not in RDB_NOT_RETRIED}
     return type("RetryingRDBStorage", (RDBStorage,), body)
 
