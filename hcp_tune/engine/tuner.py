@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,11 +186,13 @@ class LayoutStudy:
         self._live: dict[int, optuna.Trial] = {}
 
     def outstanding(self, stored_ids: set[str]) -> list[Outstanding]:
-        """Submitted trials whose result was never stored: re-attach to them."""
+        """Submitted trials whose result was never stored: re-attach to them (not to those
+        of a sweep still running on this host: in a shared database, another user's)."""
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             attrs = t.user_attrs
-            if "job_id" in attrs and attrs["trial_id"] not in stored_ids:
+            if "job_id" in attrs and attrs["trial_id"] not in stored_ids \
+                    and not _live_elsewhere(attrs):
                 out.append(Outstanding(t.number, int(t.params["a2a"]), attrs["trial_id"],
                                        attrs["job_id"], attrs["executor"], attrs["folder"]))
         return out
@@ -196,7 +200,7 @@ class LayoutStudy:
     def abandon_unsubmitted(self) -> None:
         """Trials asked for but never submitted (killed in between) end as FAIL."""
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if "job_id" not in t.user_attrs:
+            if "job_id" not in t.user_attrs and not _live_elsewhere(t.user_attrs):
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     def ask(self, a2a: int, trial_id_prefix: str) -> tuple[int, str, int]:
@@ -208,6 +212,7 @@ class LayoutStudy:
             a2a = got
         trial_id = f"{trial_id_prefix}-t{trial.number:03d}-a{a2a}"
         trial.set_user_attr("trial_id", trial_id)
+        trial.set_user_attr("orchestrator", ORCHESTRATOR)  # who asked (``_live_elsewhere``)
         self._live[trial.number] = trial
         return trial.number, trial_id, a2a
 
@@ -277,6 +282,26 @@ class LayoutStudy:
     def pareto_a2a(self) -> set[int]:
         """a2a sizes on the (step time, memory) Pareto front of the completed trials."""
         return {int(t.params["a2a"]) for t in self.study.best_trials if "a2a" in t.params}
+
+
+ORCHESTRATOR = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _live_elsewhere(attrs: dict[str, Any]) -> bool:
+    """The trial was asked by another sweep on this host that is still running: two users
+    sweeping one key into one database leave each other's trials alone. (A sweep on
+    another host cannot be checked from here: its trials are adopted, as a killed sweep's
+    are, when this sweep resumes the key.)"""
+    host, _, pid = str(attrs.get("orchestrator", "")).rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def pareto_front(trials: list[FrozenTrial]) -> list[FrozenTrial]:

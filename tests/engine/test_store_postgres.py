@@ -16,7 +16,7 @@ from hcp_tune.engine import rdb, tuner
 from hcp_tune.engine.store import ResultStore
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import REPO, TINY, hcp  # noqa: E402
+from helpers import REPO, TINY, hcp, start  # noqa: E402
 from test_store import KEY, row  # noqa: E402
 
 pytestmark = pytest.mark.postgres
@@ -204,3 +204,23 @@ def test_a_server_restarted_mid_sweep_loses_nothing(postgres_server, postgres_db
     study.tell(n2, None, None, row={**row(2, 1.1, n=2), "trial_id": t2})
     ResultStore(tmp_path, postgres_db).rebuild()
     assert sorted(pd.read_csv(tmp_path / "trials.csv")["trial_id"]) == sorted([t1, t2])
+
+
+def test_two_sweeps_of_one_key_at_once_and_recommend_from_a_third_folder(postgres_db, tmp_path):
+    """The issue's acceptance: two real sweeps (local executor) of the same key from two
+    folders at once, into one database; recommend from a third, empty folder counts every
+    ok trial of both."""
+    storage = f"search.storage='{postgres_db}'"  # quoted: Hydra reads '=' and '&' in a URL
+    args = ["sweep", "cp=2", "seq=1024", *TINY, "executor=local", storage]
+    procs = [start(*args, f"results_dir={tmp_path / who}") for who in ("alice", "bob")]
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, out
+    r = hcp("recommend", "cp=2", "seq=1024", *TINY, f"results_dir={tmp_path / 'carol'}",
+            storage, "format=json")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)["recommendation"]
+    assert rec["trials"] == 4 and rec["ok_trials"] == 4  # both layouts, from both sweeps
+    ids = set(pd.read_csv(tmp_path / "carol" / "trials.csv")["trial_id"])
+    for who in ("alice", "bob"):
+        assert set(pd.read_csv(tmp_path / who / "trials.csv")["trial_id"]) <= ids
