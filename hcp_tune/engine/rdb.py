@@ -196,16 +196,34 @@ def shown_url(storage: Any) -> Optional[str]:
     return getattr(inner, "shown_url", None) or redacted(str(inner.url))
 
 
+def engine(url: str) -> Any:
+    """A SQLAlchemy engine for ``url`` alone (no optuna import): what a command that only
+    asks whether anything changed needs. One line (``LedgerUnavailable``) if unusable."""
+    from sqlalchemy import create_engine, text
+
+    full = driver_url(url)
+    args = {"connect_timeout": CONNECT_TIMEOUT_S} if full.startswith("postgresql") else {}
+    eng = create_engine(full, pool_pre_ping=True, connect_args=args)
+    try:
+        with eng.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as e:  # noqa: BLE001 - every failure to connect is the user's to fix
+        raise LedgerUnavailable(
+            f"search.storage={redacted(url)}: cannot use the database: {_reason(e)}; check "
+            "the URL, the password (~/.pgpass or PGPASSWORD) and that the server runs") from None
+    return eng
+
+
 def slug_changes(storage: Any, mark: int) -> tuple[dict[str, list[int]], set[str], int]:
     """(per key slug: [trials, newest trial id, finished trials], the slugs of the studies
     given a user attribute since ``mark`` (0: not asked), the newest user attribute id):
     three queries over optuna's tables, whose cost does not grow with the trials synced
-    before."""
+    before. ``storage``: an RDB storage, or an engine (``engine``)."""
     from sqlalchemy import text
 
     from hcp_tune.engine.records import name_slug
 
-    engine = backend(storage).engine
+    eng = backend(storage).engine if backend(storage) is not None else storage
     newest = text("SELECT coalesce(max(trial_user_attribute_id), 0) FROM trial_user_attributes")
     trials = text("SELECT s.study_name, count(t.trial_id), coalesce(max(t.trial_id), 0), "
                   "count(t.datetime_complete) FROM studies s LEFT JOIN trials t "
@@ -216,7 +234,7 @@ def slug_changes(storage: Any, mark: int) -> tuple[dict[str, list[int]], set[str
                  "WHERE a.trial_user_attribute_id > :mark")
 
     def read(_self: Any) -> tuple[dict[str, list[int]], set[str], int]:
-        with engine.connect() as conn:
+        with eng.connect() as conn:
             top = int(conn.execute(newest).scalar() or 0)  # first: a later one is seen next
             stats = {name_slug(r[0]): [int(r[1]), int(r[2]), int(r[3])]
                      for r in conn.execute(trials)}
@@ -224,4 +242,4 @@ def slug_changes(storage: Any, mark: int) -> tuple[dict[str, list[int]], set[str
                 if 0 < mark < top else set()
         return stats, touched, top
 
-    return _retry(read)(backend(storage))
+    return _retry(read)(storage)

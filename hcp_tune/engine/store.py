@@ -6,6 +6,8 @@ Layout of a results folder:
   the record, one optuna study per sweep key in its own journal file, so that a command
   replays only the keys it touches; each finished trial holds its whole row (``tuner``).
   A folder written with one ``optuna.journal`` is split once (``ResultStore.ledger``).
+  With a database (``search.storage=postgresql://...``: ``rdb``) the folder is a view of it
+  (``.ledger.json``) that commands reading the tables sync first (``refresh``).
 - ``rows/<sweep-key-hash>/<trial-id>.json``: one file per finished trial, written
   atomically the moment its result is known (before it is told to the study, so a killed
   orchestrator loses nothing) and rewritten from the studies by ``rebuild``: a view,
@@ -68,10 +70,8 @@ from hcp_tune.engine.tables import (  # rank, recommendations, missing_layouts: 
 from hcp_tune.engine.trialrow import single_run_fields, trial_row, verified  # re-exported
 from hcp_tune.spec import atomic_open, atomic_write_text
 
-# The columns of trials.csv (``records.TrialRow``'s fields, in order; a row's extra
-# fields, such as a skipped layout's ``predicted_step_s``, follow) and of
-# recommendations.csv (``records.Recommendation``'s). Both files always have their header,
-# even when nothing was stored or ranked.
+# The columns of trials.csv (``records.TrialRow``'s fields, then a row's extra fields) and
+# of recommendations.csv (``records.Recommendation``'s); both always have their header.
 __all__ = ["KEY_FIELDS", "TRIAL_COLUMNS", "RECOMMENDATION_COLUMNS", "ROW_SCHEMA",
            "ResultsTooNew", "ResultStore", "SweepKey", "key_rows", "trial_row", "rank",
            "recommendations", "missing_layouts", "csv_line", "csv_cell"]
@@ -211,11 +211,10 @@ class ResultStore:
         hcp-tune, or a row written just before its orchestrator died), then rewrite the
         row files, trials.csv and recommendations.csv from the studies.
 
-        With per-key journals (the default ledger), only the keys whose journal or row
-        folder changed since the tables were last written are derived again; the other
-        keys' lines are copied from the tables as they are (``.tables.json`` says where
-        each key's lines lie). The result is the same, byte for byte, as deriving every key
-        (``rebuild_all``); an RDB or single-journal storage derives every key."""
+        Only the keys whose study (journal, or trials in a database) or row folder changed
+        since the tables were written are derived again; the other keys' lines are copied
+        (``.tables.json`` says where they lie). The result is the same, byte for byte, as
+        deriving every key (``rebuild_all``); a single journal file derives every key."""
         return self._rebuild(storage, everything=False)
 
     def rebuild_all(self, storage: Any = None) -> tuple[Path, Path]:
@@ -234,8 +233,8 @@ class ResultStore:
         return self.root / "trials.csv", self.root / "recommendations.csv"
 
     def remembered(self) -> Optional[str]:
-        """The database this folder is a view of (``.ledger.json``, written by a sync or
-        sweep that used one; its URL without a password), or None: per-key journals."""
+        """The database this folder is a view of (``.ledger.json``: its URL without a
+        password, written by a sync or sweep that used one), or None."""
         try:
             url = json.loads((self.root / LEDGER_FILE).read_text())["storage"]
             return url if isinstance(url, str) else None
@@ -243,12 +242,18 @@ class ResultStore:
             return None
 
     def refresh(self) -> None:
-        """Before a command reads the tables: bring them up to date from the database this
-        folder is a view of (given, or ``remembered``); nothing for a journal folder,
-        whose tables every writer keeps current."""
-        if isinstance(self.storage or self.remembered(), str) \
-                and "://" in (self.storage or self.remembered()):
-            self.rebuild()
+        """Before a command reads the tables: sync them from the database this folder is a
+        view of (given, or ``remembered``) if it says (asked without optuna) a key changed;
+        nothing for a journal folder, whose tables every writer keeps current."""
+        from hcp_tune.engine import rdb
+
+        url = self.storage if rdb.is_rdb(self.storage) else self.remembered()
+        if not rdb.is_rdb(url):
+            return
+        slugs, meta = self._db_slugs(rdb.engine(url), rdb.redacted(url))
+        index = self._read_index(meta)
+        if index is None or _dirty(index, slugs, meta["touched"]):
+            self.rebuild(url)
 
     def rebuild_locked(self, ledger: Any, everything: bool) -> None:
         """``rebuild``'s work; the caller holds the lock."""
@@ -258,8 +263,7 @@ class ResultStore:
             dirty = set(slugs) if slugs is not None else None
             keep: dict[str, dict[str, Any]] = {}
         else:
-            dirty = {s for s, st in slugs.items()
-                     if index["slugs"].get(s, {}).get("stat") != st} | meta.pop("touched")
+            dirty = _dirty(index, slugs, meta["touched"])
             keep = {s: e for s, e in index["slugs"].items() if s in slugs and s not in dirty}
         meta.pop("touched", None)
         derived = self._derive(ledger, dirty)
@@ -278,17 +282,13 @@ class ResultStore:
         self._write_tables(entries, index, extras, derived, meta)
 
     def _slugs(self, ledger: Any) -> tuple[Optional[dict[str, list[int]]], dict[str, Any]]:
-        """Each key folder (by slug) with a study or a row folder, and what says it
-        changed (its last two numbers are times): per-key journals: the journal's size and
-        time, the row folder's time; a database (``rdb.slug_changes``): the study's trial
-        counts, the row folder's time. And what the index must match (``ledger``: which
-        storage; a database's ``mark`` and the keys ``touched`` since). (None, {}) for a
-        single journal file: every key is derived."""
+        """Each key folder (by slug) with a study or a row folder, and what says it changed
+        (its last two numbers are times: a journal's, the row folder's; a database's keys:
+        ``rdb.slug_changes``'s counts), and what the index must match (``meta``). (None, {})
+        for a single journal file: every key is derived."""
         from hcp_tune.engine import rdb, tuner
 
-        rows = self.root / "rows"
-        folders = {e.name: e.stat().st_mtime_ns for e in os.scandir(rows) if e.is_dir()} \
-            if rows.is_dir() else {}
+        folders = self._folder_times()
         if isinstance(ledger.storage, tuner.Journals):
             out: dict[str, list[int]] = {s: [0, 0, t] for s, t in folders.items()}
             for path in ledger.storage.folder.glob("*.journal"):
@@ -296,14 +296,25 @@ class ResultStore:
                 out.setdefault(path.stem, [0, 0, 0])[:2] = [st.st_size, st.st_mtime_ns]
             return out, {"ledger": JOURNALS, "touched": set()}
         url = rdb.shown_url(ledger.storage)
-        if url is None:
-            return None, {}
+        return (None, {}) if url is None else self._db_slugs(ledger.storage, url, folders)
+
+    def _db_slugs(self, db: Any, url: str, folders: Optional[dict[str, int]] = None
+                  ) -> tuple[dict[str, list[int]], dict[str, Any]]:
+        """``_slugs`` of a database (an RDB storage or an engine: ``rdb.slug_changes``)."""
+        from hcp_tune.engine import rdb
+
+        folders = self._folder_times() if folders is None else folders
         index = self._read_index({"ledger": url}) or {}
-        stats, touched, mark = rdb.slug_changes(ledger.storage, index.get("mark", 0))
+        stats, touched, mark = rdb.slug_changes(db, index.get("mark", 0))
         out = {s: [0, 0, 0, 0, t] for s, t in folders.items()}
         for s, st in stats.items():
             out.setdefault(s, [0, 0, 0, 0, 0])[:4] = [*st, 0]
         return out, {"ledger": url, "mark": mark, "touched": touched}
+
+    def _folder_times(self) -> dict[str, int]:
+        rows = self.root / "rows"
+        return {e.name: e.stat().st_mtime_ns for e in os.scandir(rows) if e.is_dir()} \
+            if rows.is_dir() else {}
 
     def _derive(self, ledger: Any, slugs: Optional[set[str]]) -> dict[str, dict[str, Any]]:
         """For the key folders ``slugs`` (None: every key the storage or ``rows/`` holds),
@@ -422,6 +433,11 @@ LEDGER_FILE = ".ledger.json"  # the database this folder is a view of (ResultSto
 TABLES_INDEX = ".tables.json"  # where each key's lines lie in the tables (a cache)
 TABLES_INDEX_VERSION = 1
 RACY_NS = 2_000_000_000  # a time this recent may not yet show a write made in its tick
+
+
+def _dirty(index: dict[str, Any], slugs: dict[str, list[int]], touched: set[str]) -> set[str]:
+    """The keys whose stat differs from the index's (or that are new), and ``touched``."""
+    return {s for s, st in slugs.items() if index["slugs"].get(s, {}).get("stat") != st} | touched
 
 
 def _settled(stat: Optional[list[int]]) -> Optional[list[int]]:
