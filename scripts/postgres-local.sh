@@ -7,6 +7,7 @@
 #                                      127.0.0.1 for the password tests), create role and db
 #   scripts/postgres-local.sh stop     stop the server this script started, delete its data
 #   scripts/postgres-local.sh restart  restart it (a fast shutdown: every session is cut)
+#   scripts/postgres-local.sh halt     stop it but keep its data (start brings it back)
 #   scripts/postgres-local.sh status   say whether it runs
 #   scripts/postgres-local.sh url      print the URL of its database (over the socket)
 #
@@ -58,6 +59,10 @@ start() {
         log "already running (socket $DIR/run, port $PORT)"
         return
     fi
+    if [[ -f $DIR/data/PG_VERSION && -f $DIR/ready ]]; then  # halted: start it again, data kept
+        launch
+        return
+    fi
     rm -rf "$DIR"
     mkdir -p "$DIR/data" "$DIR/run"
     [[ $(id -u) -eq 0 ]] && chown -R postgres: "$DIR"
@@ -66,13 +71,24 @@ start() {
     as_owner "$bin/initdb" -D "$DIR/data" -U postgres --auth-local=trust \
         --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 \
         || { cat "$DIR/initdb.log" >&2; die "initdb failed"; }
-    log "starting the server (socket $DIR/run, 127.0.0.1:$PORT)"
-    as_owner "$bin/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t "$WAIT_S" start \
-        -o "-p $PORT -k $DIR/run -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off" \
-        >/dev/null || { tail -n 20 "$DIR/server.log" >&2; die "the server did not start"; }
+    launch
     sql -c "CREATE ROLE $ROLE LOGIN CREATEDB PASSWORD '$PASSWORD'" \
         -c "CREATE DATABASE $DB OWNER $ROLE" >/dev/null
+    touch "$DIR/ready"
     log "up: $(url)"
+}
+
+launch() {
+    log "starting the server (socket $DIR/run, 127.0.0.1:$PORT)"
+    as_owner "$(bindir)/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t "$WAIT_S" start \
+        -o "-p $PORT -k $DIR/run -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off" \
+        >/dev/null || { tail -n 20 "$DIR/server.log" >&2; die "the server did not start"; }
+}
+
+halt() {  # stop the server, keep its data (start brings it back): an outage, for tests
+    running || die "not running"
+    as_owner "$(bindir)/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null
+    log "halted (data kept; start resumes it)"
 }
 
 stop() {
@@ -101,7 +117,8 @@ case "${1:-}" in
     start) start ;;
     stop) stop ;;
     restart) restart ;;
+    halt) halt ;;
     status) status ;;
     url) url ;;
-    *) echo "usage: $0 start|stop|restart|status|url" >&2; exit 2 ;;
+    *) echo "usage: $0 start|stop|restart|halt|status|url" >&2; exit 2 ;;
 esac

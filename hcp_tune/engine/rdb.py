@@ -126,18 +126,14 @@ def _connection_lost(e: BaseException) -> bool:
 def _retry(method: Callable) -> Callable:
     @functools.wraps(method)
     def call(self, *args: Any, **kwargs: Any) -> Any:
-        from optuna.exceptions import UpdateFinishedTrialError
-
         limit = float(os.environ.get("HCP_TUNE_DB_RETRY_S", RETRY_S))
         start, wait, lost = time.monotonic(), BACKOFF_S[0], None
         while True:
             try:
                 return method(self, *args, **kwargs)
-            except UpdateFinishedTrialError:
-                if lost is not None:  # the lost call had finished the trial after all
-                    return True
-                raise
             except Exception as e:  # noqa: BLE001 - only a lost connection is retried
+                if type(e).__name__ == "UpdateFinishedTrialError" and lost is not None:
+                    return True  # the lost call had finished the trial after all
                 if not _connection_lost(e):
                     raise
                 lost = e
@@ -196,50 +192,75 @@ def shown_url(storage: Any) -> Optional[str]:
     return getattr(inner, "shown_url", None) or redacted(str(inner.url))
 
 
-def engine(url: str) -> Any:
-    """A SQLAlchemy engine for ``url`` alone (no optuna import): what a command that only
-    asks whether anything changed needs. One line (``LedgerUnavailable``) if unusable."""
-    from sqlalchemy import create_engine, text
+class Quick:
+    """A connection for asking what changed, without optuna or SQLAlchemy (their imports
+    cost more than the question): psycopg for PostgreSQL, else a SQLAlchemy engine."""
 
-    full = driver_url(url)
-    args = {"connect_timeout": CONNECT_TIMEOUT_S} if full.startswith("postgresql") else {}
-    eng = create_engine(full, pool_pre_ping=True, connect_args=args)
-    try:
-        with eng.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except Exception as e:  # noqa: BLE001 - every failure to connect is the user's to fix
-        raise LedgerUnavailable(
-            f"search.storage={redacted(url)}: cannot use the database: {_reason(e)}; check "
-            "the URL, the password (~/.pgpass or PGPASSWORD) and that the server runs") from None
-    return eng
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pg = url.partition("://")[0] in ("postgresql", "postgres")
+        try:
+            if self.pg:
+                driver_url(url)  # psycopg installed, or one line
+                import psycopg
+
+                self.conn = psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT_S,
+                                            autocommit=True)
+            else:
+                from sqlalchemy import create_engine
+
+                self.conn = create_engine(url).connect()
+        except LedgerUnavailable:
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure to connect is the user's to fix
+            raise LedgerUnavailable(
+                f"search.storage={redacted(url)}: cannot use the database: {_reason(e)}; "
+                "check the URL, the password (~/.pgpass or PGPASSWORD) and that the server "
+                "runs") from None
+
+    def rows(self, sql: str, **params: Any) -> list[tuple]:
+        if self.pg:
+            return list(self.conn.execute(sql.replace(":mark", "%(mark)s"), params))
+        from sqlalchemy import text
+
+        return [tuple(r) for r in self.conn.execute(text(sql), params)]
+
+    def __enter__(self) -> "Quick":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.conn.close()
 
 
 def slug_changes(storage: Any, mark: int) -> tuple[dict[str, list[int]], set[str], int]:
     """(per key slug: [trials, newest trial id, finished trials], the slugs of the studies
     given a user attribute since ``mark`` (0: not asked), the newest user attribute id):
     three queries over optuna's tables, whose cost does not grow with the trials synced
-    before. ``storage``: an RDB storage, or an engine (``engine``)."""
-    from sqlalchemy import text
-
+    before. ``storage``: an RDB storage, or a ``Quick`` connection."""
     from hcp_tune.engine.records import name_slug
 
-    eng = backend(storage).engine if backend(storage) is not None else storage
-    newest = text("SELECT coalesce(max(trial_user_attribute_id), 0) FROM trial_user_attributes")
-    trials = text("SELECT s.study_name, count(t.trial_id), coalesce(max(t.trial_id), 0), "
-                  "count(t.datetime_complete) FROM studies s LEFT JOIN trials t "
-                  "ON t.study_id = s.study_id GROUP BY s.study_name")
-    attrs = text("SELECT DISTINCT s.study_name FROM trial_user_attributes a "
-                 "JOIN trials t ON t.trial_id = a.trial_id "
-                 "JOIN studies s ON s.study_id = t.study_id "
-                 "WHERE a.trial_user_attribute_id > :mark")
+    newest = "SELECT coalesce(max(trial_user_attribute_id), 0) FROM trial_user_attributes"
+    trials = ("SELECT s.study_name, count(t.trial_id), coalesce(max(t.trial_id), 0), "
+              "count(t.datetime_complete) FROM studies s LEFT JOIN trials t "
+              "ON t.study_id = s.study_id GROUP BY s.study_name")
+    attrs = ("SELECT DISTINCT s.study_name FROM trial_user_attributes a "
+             "JOIN trials t ON t.trial_id = a.trial_id "
+             "JOIN studies s ON s.study_id = t.study_id "
+             "WHERE a.trial_user_attribute_id > :mark")
+
+    def answer(ask: Callable[..., list[tuple]]) -> tuple[dict[str, list[int]], set[str], int]:
+        top = int(ask(newest)[0][0] or 0)  # first: an attribute added later is seen next
+        stats = {name_slug(r[0]): [int(r[1]), int(r[2]), int(r[3])] for r in ask(trials)}
+        touched = {name_slug(r[0]) for r in ask(attrs, mark=mark)} if 0 < mark < top else set()
+        return stats, touched, top
+
+    if isinstance(storage, Quick):
+        return answer(storage.rows)
 
     def read(_self: Any) -> tuple[dict[str, list[int]], set[str], int]:
-        with eng.connect() as conn:
-            top = int(conn.execute(newest).scalar() or 0)  # first: a later one is seen next
-            stats = {name_slug(r[0]): [int(r[1]), int(r[2]), int(r[3])]
-                     for r in conn.execute(trials)}
-            touched = {name_slug(r[0]) for r in conn.execute(attrs, {"mark": mark})} \
-                if 0 < mark < top else set()
-        return stats, touched, top
+        from sqlalchemy import text
+
+        with backend(storage).engine.connect() as conn:
+            return answer(lambda sql, **p: [tuple(r) for r in conn.execute(text(sql), p)])
 
     return _retry(read)(storage)

@@ -250,7 +250,8 @@ class ResultStore:
         url = self.storage if rdb.is_rdb(self.storage) else self.remembered()
         if not rdb.is_rdb(url):
             return
-        slugs, meta = self._db_slugs(rdb.engine(url), rdb.redacted(url))
+        with rdb.Quick(url) as quick:
+            slugs, meta = self._db_slugs(quick, rdb.redacted(url))
         index = self._read_index(meta)
         if index is None or _dirty(index, slugs, meta["touched"]):
             self.rebuild(url)
@@ -300,7 +301,7 @@ class ResultStore:
 
     def _db_slugs(self, db: Any, url: str, folders: Optional[dict[str, int]] = None
                   ) -> tuple[dict[str, list[int]], dict[str, Any]]:
-        """``_slugs`` of a database (an RDB storage or an engine: ``rdb.slug_changes``)."""
+        """``_slugs`` of a database (an RDB storage, or ``rdb.Quick``: ``rdb.slug_changes``)."""
         from hcp_tune.engine import rdb
 
         folders = self._folder_times() if folders is None else folders
@@ -311,10 +312,8 @@ class ResultStore:
             out.setdefault(s, [0, 0, 0, 0, 0])[:4] = [*st, 0]
         return out, {"ledger": url, "mark": mark, "touched": touched}
 
-    def _folder_times(self) -> dict[str, int]:
-        rows = self.root / "rows"
-        return {e.name: e.stat().st_mtime_ns for e in os.scandir(rows) if e.is_dir()} \
-            if rows.is_dir() else {}
+    def _folder_times(self) -> dict[str, int]:  # each row folder's time
+        return {p.name: p.stat().st_mtime_ns for p in (self.root / "rows").glob("*/")}
 
     def _derive(self, ledger: Any, slugs: Optional[set[str]]) -> dict[str, dict[str, Any]]:
         """For the key folders ``slugs`` (None: every key the storage or ``rows/`` holds),
