@@ -260,16 +260,18 @@ class ResultStore:
         """``rebuild``'s work; the caller holds the lock."""
         slugs, meta = self._slugs(ledger)
         index = None if everything or slugs is None else self._read_index(meta)
+        touched = meta.pop("touched", set())
         if index is None:
             dirty = set(slugs) if slugs is not None else None
             keep: dict[str, dict[str, Any]] = {}
         else:
-            dirty = _dirty(index, slugs, meta["touched"])
+            dirty = _dirty(index, slugs, touched)
             keep = {s: e for s, e in index["slugs"].items() if s in slugs and s not in dirty}
-        meta.pop("touched", None)
         derived = self._derive(ledger, dirty)
+        made = self._folder_times()  # a row folder this derive made: its time is its own
         for s, e in derived.items():  # what it was derived from, read before: a trial
-            e["stat"] = _settled((slugs or {}).get(s))  # appended meanwhile marks it changed
+            st = (slugs or {}).get(s)  # appended meanwhile marks it changed
+            e["stat"] = _settled(st[:-1] + [made.get(s, 0)] if st and not st[-1] else st)
         entries = {**keep, **derived}
         extras = list(dict.fromkeys(x for s in sorted(entries) for x in entries[s]["extras"]))
         if index is not None and extras != index["extras"]:
@@ -284,9 +286,8 @@ class ResultStore:
 
     def _slugs(self, ledger: Any) -> tuple[Optional[dict[str, list[int]]], dict[str, Any]]:
         """Each key folder (by slug) with a study or a row folder, and what says it changed
-        (its last two numbers are times: a journal's, the row folder's; a database's keys:
-        ``rdb.slug_changes``'s counts), and what the index must match (``meta``). (None, {})
-        for a single journal file: every key is derived."""
+        (last, two times: a journal's or 0, the row folder's; a database's keys: counts of
+        ``rdb.slug_changes``), what the index must match (``meta``); (None, {}): derive all."""
         from hcp_tune.engine import rdb, tuner
 
         folders = self._folder_times()
