@@ -156,13 +156,16 @@ def _retrying_class() -> type:
     def late(name: str) -> Callable:  # RDBStorage's method, looked up at each call
         return lambda self, *a, **kw: getattr(RDBStorage, name)(self, *a, **kw)
 
-    names = {n for n in dir(BaseStorage) if not n.startswith("_")} \
+    names = {n for n in dir(BaseStorage) if not n.startswith("_")} | CACHE_CALLS \
         | {n for n in vars(RDBStorage) if not n.startswith("_") and callable(vars(RDBStorage)[n])}
     body = {n: _retry(late(n)) for n in sorted(names)
             if callable(getattr(RDBStorage, n, None)) and n not in RDB_NOT_RETRIED}
     return type("RetryingRDBStorage", (RDBStorage,), body)
 
 
+# what optuna's cache (``_CachedStorage``) calls on the RDB storage besides its public methods
+CACHE_CALLS = {"_create_new_trial", "_set_trial_param", "_get_best_trial_id", "_get_trials",
+               "_get_stale_trial_ids"}
 RDB_NOT_RETRIED = {"remove_session", "get_heartbeat_interval", "get_failed_trial_callback",
                    "is_heartbeat_enabled", "check_trial_is_updatable"}
 

@@ -325,14 +325,15 @@ def pareto_front(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     return sorted(front, key=lambda t: t.number)
 
 
-def pareto_layouts(study: optuna.Study) -> list[tuple[int, int]]:
+def pareto_layouts(study: optuna.Study | list[FrozenTrial]) -> list[tuple[int, int]]:
     """``(a2a, p2p)`` layouts on the study's (step time, peak memory) Pareto front
     (``pareto_front``), by a2a. Only trials holding a row count: a trial told before
     rows rode on trials has an imported twin with the same values. A trial whose memory was
     not measured (CPU: its row's peak_mem_bytes is null, told to the study as 0) is left
     out: 0 is no measurement, so it cannot be on a memory front."""
     out = set()
-    for t in pareto_front(study.get_trials(deepcopy=False)):
+    trials = study if isinstance(study, list) else study.get_trials(deepcopy=False)
+    for t in pareto_front(trials):
         text = row_text_of(t)
         if text is None or not isinstance(json.loads(text).get("peak_mem_bytes"), (int, float)):
             continue
@@ -367,7 +368,9 @@ class Ledger:
         skipped again), the latest. ``names``: the studies (default every one)."""
         out: dict[tuple[str, str], str] = {}
         for name in self.names() if names is None else names:
-            for t in self.study(name).get_trials(deepcopy=False):
+            trials = self.study(name).get_trials(deepcopy=False)
+            self._last = (name, trials)  # ``pareto`` of this study reuses them
+            for t in trials:
                 text = row_text_of(t)
                 if text is not None:
                     out[(name, t.user_attrs["trial_id"])] = text
@@ -379,7 +382,10 @@ class Ledger:
         every study's summary)."""
         if name not in (self.names() if names is None else names):
             return ""
-        return " ".join(f"[{a},{p}]" for a, p in pareto_layouts(self.study(name)))
+        last = getattr(self, "_last", None)
+        trials = last[1] if last and last[0] == name else \
+            self.study(name).get_trials(deepcopy=False)
+        return " ".join(f"[{a},{p}]" for a, p in pareto_layouts(trials))
 
     def import_rows(self, name: str, rows: list[dict[str, Any]]) -> int:
         """Put rows the study lacks into it (a results folder written before the study was
