@@ -268,10 +268,9 @@ class ResultStore:
             dirty = _dirty(index, slugs, touched)
             keep = {s: e for s, e in index["slugs"].items() if s in slugs and s not in dirty}
         derived = self._derive(ledger, dirty)
-        made = self._folder_times()  # a row folder this derive made: its time is its own
+        made = self._folder_times()  # after the derive (``_settled``)
         for s, e in derived.items():  # what it was derived from, read before: a trial
-            st = (slugs or {}).get(s)  # appended meanwhile marks it changed
-            e["stat"] = _settled(st[:-1] + [made.get(s, 0)] if st and not st[-1] else st)
+            e["stat"] = _settled((slugs or {}).get(s), made.get(s, 0))  # added meanwhile: changed
         entries = {**keep, **derived}
         extras = list(dict.fromkeys(x for s in sorted(entries) for x in entries[s]["extras"]))
         if index is not None and extras != index["extras"]:
@@ -290,25 +289,22 @@ class ResultStore:
         ``rdb.slug_changes``), what the index must match (``meta``); (None, {}): derive all."""
         from hcp_tune.engine import rdb, tuner
 
-        folders = self._folder_times()
         if isinstance(ledger.storage, tuner.Journals):
-            out: dict[str, list[int]] = {s: [0, 0, t] for s, t in folders.items()}
+            out: dict[str, list[int]] = {s: [0, 0, t] for s, t in self._folder_times().items()}
             for path in ledger.storage.folder.glob("*.journal"):
                 st = path.stat()
                 out.setdefault(path.stem, [0, 0, 0])[:2] = [st.st_size, st.st_mtime_ns]
             return out, {"ledger": JOURNALS, "touched": set()}
         url = rdb.shown_url(ledger.storage)
-        return (None, {}) if url is None else self._db_slugs(ledger.storage, url, folders)
+        return (None, {}) if url is None else self._db_slugs(ledger.storage, url)
 
-    def _db_slugs(self, db: Any, url: str, folders: Optional[dict[str, int]] = None
-                  ) -> tuple[dict[str, list[int]], dict[str, Any]]:
+    def _db_slugs(self, db: Any, url: str) -> tuple[dict[str, list[int]], dict[str, Any]]:
         """``_slugs`` of a database (an RDB storage, or ``rdb.Quick``: ``rdb.slug_changes``)."""
         from hcp_tune.engine import rdb
 
-        folders = self._folder_times() if folders is None else folders
         index = self._read_index({"ledger": url}) or {}
         stats, touched, mark = rdb.slug_changes(db, index.get("mark", 0))
-        out = {s: [0, 0, 0, 0, t] for s, t in folders.items()}
+        out = {s: [0, 0, 0, 0, t] for s, t in self._folder_times().items()}
         for s, st in stats.items():
             out.setdefault(s, [0, 0, 0, 0, 0])[:4] = [*st, 0]
         return out, {"ledger": url, "mark": mark, "touched": touched}
@@ -366,8 +362,7 @@ class ResultStore:
         return out
 
     def _read_index(self, meta: dict[str, Any]) -> Optional[dict[str, Any]]:
-        """``.tables.json`` when it describes the tables on disk (their sizes and times) and
-        was derived from the ledger ``meta`` names."""
+        """``.tables.json`` if it describes the tables on disk, derived from ``meta``'s ledger."""
         try:
             index = json.loads((self.root / TABLES_INDEX).read_text())
             if index.get("version") != TABLES_INDEX_VERSION \
@@ -440,11 +435,16 @@ def _dirty(index: dict[str, Any], slugs: dict[str, list[int]], touched: set[str]
     return {s for s, st in slugs.items() if index["slugs"].get(s, {}).get("stat") != st} | touched
 
 
-def _settled(stat: Optional[list[int]]) -> Optional[list[int]]:
+def _settled(stat: Optional[list[int]], made: int = 0) -> Optional[list[int]]:
     """A key's stat (``_slugs``: its last two numbers are times) as the index keeps it, or
-    None when a time is within ``RACY_NS`` of now: a file system stamps times in coarse
-    ticks, so a row file written in the same tick as the snapshot would leave the folder's
-    time unchanged; such a key is derived again by the next update, whatever it shows."""
+    None when a time is within ``RACY_NS`` of now (a row file written in the same coarse
+    tick as the snapshot leaves the folder's time unchanged: derive it again next time).
+    ``made``: the row folder's time after the derive, kept where the derive made the folder
+    and for a database's view (5 numbers; a row added there is told to the database too)."""
+    if stat and (len(stat) == 5 or not stat[-1]):
+        stat = stat[:-1] + [made]
+        if len(stat) == 5:
+            return stat
     if stat is None or max(stat[-2], stat[-1]) > time.time_ns() - RACY_NS:
         return None
     return stat

@@ -140,7 +140,7 @@ def cmd_ledger(action: str, args: list[str]) -> int:
               f"trial(s) copied, {already} already there; count check passed (every stored "
               "row is in the database); the folder now syncs from it")
         return 0
-    store.rebuild()
+    store.refresh()  # only the keys that changed (none: nothing written)
     trials = sum(1 for _ in open(results_dir / "trials.csv")) - 1
     print(f"{results_dir}: synced from {store.remembered()}: trials.csv holds {trials} "
           "trial(s)")
