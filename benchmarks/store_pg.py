@@ -169,8 +169,8 @@ def build_view(folder: Path, url: str, key_list: list, per_key: int) -> None:
     with rdb.Quick(url) as quick:
         slugs, meta = store._db_slugs(quick, shown)
     meta.pop("touched")
-    for s, e in entries.items():
-        e["stat"] = store_mod._settled(slugs.get(s))
+    for s, e in entries.items():  # (the row folders' times are an hour old: settled)
+        e["stat"] = slugs.get(s)
     extras = list(dict.fromkeys(x for s in sorted(entries) for x in entries[s]["extras"]))
     store._write_tables(entries, None, extras, entries, meta)
     (folder / store_mod.LEDGER_FILE).write_text(json.dumps({"storage": shown}))
