@@ -271,8 +271,8 @@ def wait_told(proc: subprocess.Popen, k: int) -> list[str]:
 def count_in_db(url: str, prefix: str) -> int:
     from hcp_tune.engine import tuner
 
-    rows = tuner.Ledger(tuner.open_storage(url)).rows()
-    return sum(1 for (_, tid) in rows if tid.startswith(prefix))
+    rows = tuner.Ledger(tuner.open_storage(url)).rows([store_gen.key_of(0, 0).name])
+    return sum(1 for (_, tid) in rows if tid.startswith(prefix))  # (the writers' key)
 
 
 def faults(base: str, url: str, tmp: Path) -> dict:
