@@ -40,6 +40,7 @@ from store_scale import shape  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "postgres-local.sh"
 TARGETS = {"sync24": 2.0, "recommend": 1.0}
+REPEATS = 3  # each timed command runs this often; the table gives the fastest and all
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
@@ -347,24 +348,36 @@ def run(n: int) -> dict:
         t0 = time.perf_counter()
         build_view(folder, url, key_list, per_key)
         res["view_s"] = time.perf_counter() - t0
-        res["sync_same"] = hcp("results", "sync", f"results_dir={folder}")
-        proc = writer(url, tmp / "new24", 24, retry_s=120)
-        t0 = time.perf_counter()
-        proc.communicate(timeout=600)
-        res["write24_s"] = time.perf_counter() - t0
-        res["sync24"] = hcp("results", "sync", f"results_dir={folder}")
         key = store_gen.key_of(0, 0)
-        res["recommend"] = hcp("recommend", "cluster=local", "model=tiny", f"cp={key.cp}",
-                               f"tp={key.tp}", f"seq={key.seq}", "runner=attention",
-                               f"env_tag={key.env_tag}", f"results_dir={folder}",
-                               "format=json")
+        recommend = ("recommend", "cluster=local", "model=tiny", f"cp={key.cp}", f"tp={key.tp}",
+                     f"seq={key.seq}", "runner=attention", f"env_tag={key.env_tag}",
+                     f"results_dir={folder}", "format=json")
+        runs: dict = {"sync_same": [], "sync24": [], "recommend": [], "write24_s": []}
+        for i in range(REPEATS):  # the machine is shared: each figure's best of REPEATS
+            runs["sync_same"].append(hcp("results", "sync", f"results_dir={folder}"))
+            proc = writer(url, tmp / f"new24-{i}", 24, retry_s=120)
+            t0 = time.perf_counter()
+            proc.communicate(timeout=600)
+            runs["write24_s"].append(time.perf_counter() - t0)
+            runs["sync24"].append(hcp("results", "sync", f"results_dir={folder}"))
+            runs["recommend"].append(hcp(*recommend))
+        for k in ("sync_same", "sync24", "recommend"):
+            res[k] = {**min(runs[k], key=lambda r: r["wall_s"]),
+                      "walls": [r["wall_s"] for r in runs[k]],
+                      "rcs": [r["rc"] for r in runs[k]]}
+        res["write24_s"] = min(runs["write24_s"])
         rec = json.loads(res["recommend"]["stdout"] or "{}").get("recommendation") or {}
         res["recommend_trials"] = rec.get("trials")
         res["table_rows"] = sum(1 for _ in open(folder / "trials.csv")) - 1
         res["first"] = first_sync(base)
         for k in ("sync_same", "sync24", "recommend"):
             print(k, {x: v for x, v in res[k].items() if x != "stdout"}, flush=True)
-        res["faults"] = faults(base, url, tmp)
+        small = new_db(base)  # the faults on a database of their own: a re-run's first sync
+        try:  # of an empty folder reads every key (its cost is per trial, as measured above)
+            fill(small, store_gen.keys(2, 3), 10)
+            res["faults"] = faults(base, small, tmp)
+        finally:
+            drop_db(base, small)
         print("faults", json.dumps(res["faults"], default=str)[:2000], flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -374,7 +387,9 @@ def run(n: int) -> dict:
 
 def document(r: dict) -> str:
     def ok(name: str) -> str:
-        return "met" if r[name]["rc"] == 0 and r[name]["wall_s"] <= TARGETS[name] else "MISSED"
+        met = r[name]["rc"] == 0 and r[name]["wall_s"] <= TARGETS[name]
+        walls = ", ".join(f"{w:.2f}" for w in r[name]["walls"])
+        return f"{'met' if met else 'MISSED'} (best of {walls} s)"
 
     f = r["faults"]
     lines = [
@@ -383,17 +398,18 @@ def document(r: dict) -> str:
         f"trials in {r['keys']:,} keys under {r['tags']} env tags (store_gen's nightly shape, "
         f"25 trials a key), filled in bulk in {r['fill_s']:.1f} s. The fill was checked "
         f"first against the sweep's write path: {r['check']}. Each command is a fresh "
-        "`python -m hcp_tune` process; wall time from its start, and its CPU time (user + "
+        f"`python -m hcp_tune` process, run {REPEATS} times (24 new trials before each sync); "
+        "the fastest wall time from its start, and its CPU time (user + "
         "system: what the load of the shared 2-core machine, in the stamp, does not "
         "inflate). The server runs on the same machine.", "",
         "| what | wall s | cpu s | target | rc | note |", "|---|---:|---:|---:|---:|---|",
         f"| results sync, nothing new | {r['sync_same']['wall_s']:.2f} | "
         f"{r['sync_same']['cpu_s']:.2f} | - | "
-        f"{r['sync_same']['rc']} | the view built in bulk ({r['view_s']:.0f} s) |",
+        f"{r['sync_same']['rc']} | the view built in bulk ({r['view_s']:.0f} s); best of "
+        f"{', '.join(f'{w:.2f}' for w in r['sync_same']['walls'])} s |",
         f"| results sync after 24 new trials of one key | {r['sync24']['wall_s']:.2f} | "
         f"{r['sync24']['cpu_s']:.2f} | <= 2 | {r['sync24']['rc']} | {ok('sync24')}; "
-        f"trials.csv then holds "
-        f"{r['table_rows']:,} rows |",
+        f"trials.csv then holds {r['table_rows']:,} rows |",
         f"| recommend (syncs first: nothing new) | {r['recommend']['wall_s']:.2f} | "
         f"{r['recommend']['cpu_s']:.2f} | <= 1 | "
         f"{r['recommend']['rc']} | {ok('recommend')}; the key's {r['recommend_trials']} "
@@ -405,7 +421,8 @@ def document(r: dict) -> str:
         f"{r['first']['cpu_s']:.2f} | - | {r['first']['rc']} | "
         f"{1000 * r['first']['wall_s'] / r['first']['trials']:.1f} ms a trial (once per "
         "folder; not run at the full size) |", "",
-        "Faults:", "",
+        "Faults, on a database of 60 trials of their own (a fault's handling does not "
+        "depend on the size):", "",
         "| fault | result |", "|---|---|"]
     for name in ("wrong password", "unreachable host"):
         x = f[name]
