@@ -142,7 +142,8 @@ def test_migrate_moves_a_journal_folder_once_with_a_count_check(postgres_db, tmp
 @pytest.mark.parametrize("where", ["wrong password", "unreachable host"])
 def test_a_database_that_cannot_be_used_is_one_line_exit_2_nothing_written(
         postgres_server, tmp_path, where):
-    url = "postgresql://hcp:wrong@127.0.0.1:55432/hcp" if where == "wrong password" \
+    port = postgres_server.rpartition("port=")[2]  # the script's server, over TCP
+    url = f"postgresql://hcp:wrong@127.0.0.1:{port}/hcp" if where == "wrong password" \
         else "postgresql://hcp:x@127.0.0.1:1/hcp"  # nothing listens on port 1
     res = tmp_path / "results"
     r = hcp("sweep", "cp=2", "seq=1024", *TINY, "executor=local", f"results_dir={res}",
