@@ -1,7 +1,7 @@
 """A database server as the ledger (``search.storage=postgresql://...``): opening it, riding
 out a restart, and asking it what changed.
 
-- ``url``: ``postgresql://`` means the psycopg 3 driver (``pip install hcp-tune[postgres]``);
+- ``driver_url``: ``postgresql://`` means the psycopg 3 driver (``pip install hcp-tune[postgres]``);
   a URL naming its driver (``postgresql+psycopg2://``, ``sqlite:///``) is used as given.
 - ``open_storage``: optuna's ``RDBStorage`` with a connection checked before each use
   (``pool_pre_ping``: a server restarted between two calls costs a reconnect) and a short
@@ -10,9 +10,10 @@ out a restart, and asking it what changed.
 - A call that loses its connection (the server restarted mid-sweep) is retried with
   backoff for up to ``HCP_TUNE_DB_RETRY_S`` (default 120 s); past that the command stops
   with one line saying what to re-run (a sweep resumes: its rows are on disk first).
-- ``changes``: per study, what says its trials changed (count, newest id, finished count,
-  and whether a user attribute was added since the last look), in two queries, so a folder
-  syncs only the keys that changed (``store.ResultStore.rebuild``).
+- ``slug_changes``: per study, what says its trials changed (count, newest id, finished
+  count, and whether a user attribute was added since the last look), in three queries, so
+  a folder syncs only the keys that changed (``store.ResultStore.rebuild``); ``Quick``
+  asks them with psycopg alone, for a command that only needs to know (``refresh``).
 """
 from __future__ import annotations
 
