@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from hcp_tune.engine.records import row_text
 from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
-from hcp_tune.engine.tuner import METRIC_NAMES, row_attrs, state_of
+from hcp_tune.engine.tuner import METRIC_NAMES, ORCHESTRATOR, row_attrs, state_of
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 CP = 8
@@ -137,7 +137,7 @@ def _key_ops(key: SweepKey, study_id: int, first_trial: int,
              trials_per_key: int) -> Iterator[str]:
     """The journal lines ``write_real`` makes optuna append for one key (optuna's journal
     operations: create study, set its metric names; per trial: create (enqueued), start,
-    set the a2a parameter, the ask's and submit's attributes, the row's attributes, end)."""
+    set the a2a parameter, the ask's (its orchestrator: this process) and submit's attributes, the row's attributes, end)."""
     from optuna.distributions import CategoricalDistribution, distribution_to_json
 
     kept = kept_a2a(key.tp)
@@ -152,7 +152,8 @@ def _key_ops(key: SweepKey, study_id: int, first_trial: int,
         yield _op(6, trial_id=tid, state=0, values=None, datetime_start=BULK_TIME)
         yield _op(5, trial_id=tid, param_name="a2a", param_value_internal=kept.index(a2a),
                   distribution=dist)
-        for k, v in (("trial_id", row["trial_id"]), ("job_id", row["job_id"]),
+        for k, v in (("trial_id", row["trial_id"]), ("orchestrator", ORCHESTRATOR),
+                     ("job_id", row["job_id"]),
                      ("executor", "slurm"), ("folder", JOBS_FOLDER),
                      *row_attrs(row).items()):
             yield _op(8, trial_id=tid, user_attr={k: v})

@@ -43,6 +43,7 @@ commands:
   results   what a results folder holds: per env tag its keys, trials and size
             e.g. results results_dir=results [format=json]
             results drop|archive env_tag=TAG [results_dir=results]: remove a tag
+            results sync|migrate storage=postgresql://... : a team's database
 
 overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] cluster=dgx-h200
 model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true
@@ -149,6 +150,9 @@ def cmd_sweep(args: list[str]) -> int:
                     f"runner=auto: {small}: predicting with the cost model; measure on a "
                     "cluster that fits (or give runner=attention to submit anyway)")
     if runner != "model":  # it will write there: say so now, not after a job ran
+        from hcp_tune.engine import rdb
+
+        rdb.check(cfg.search.storage)  # a database that refuses us: one line, nothing written
         config.writable_dir(cfg.results_dir)
     ui.print_sweep_runner(reason)
     if runner == "model":
@@ -229,13 +233,15 @@ def cmd_recommend(args: list[str]) -> int:
             # m only when the user gave gbs: the attention runner's keys have m = 1
             "micro_batches": cfg.micro_batches if "gbs" in given else None,
             "env_tag": cfg.env_tag if "env_tag" in given else None}
-    recs = ResultStore(cfg.results_dir).recommendations()
+    store = ResultStore(cfg.results_dir, cfg.search.storage)
+    store.refresh()  # a view of a team's database (search.storage, or the folder's): synced
+    recs = store.recommendations()
     rec, near = recommend.answer(recs, want)
     if rec:  # a row measured with HCP_TUNE_INJECT_DELAY is a test, never a recommendation
         from hcp_tune.engine.store import SweepKey
         from hcp_tune.outputs.regress import injected_warnings
 
-        rows = ResultStore(cfg.results_dir).key_rows(SweepKey.of(rec))
+        rows = store.key_rows(SweepKey.of(rec))
         for line in injected_warnings(rows):
             print(f"recommend: warning: {line}", file=sys.stderr)
     from hcp_tune.costmodel import predict

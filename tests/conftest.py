@@ -117,3 +117,51 @@ def fake_srun(tmp_path, monkeypatch):
     (bin_dir / "srun").write_text("#!/bin/sh\n")
     (bin_dir / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+# ---------------------------------------------------------------- PostgreSQL
+# A throwaway server from scripts/postgres-local.sh (Debian's postgresql; a Unix socket),
+# started here when it does not answer and stopped at the end of the session if this
+# session started it. If it cannot come up the PostgreSQL tests skip, with the reason;
+# with HCP_TUNE_REQUIRE_POSTGRES=1 (CI) they fail instead.
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    script = REPO / "scripts" / "postgres-local.sh"
+    started = False
+    if subprocess.run([str(script), "status"], capture_output=True).returncode != 0:
+        run = subprocess.run([str(script), "start"], capture_output=True, text=True, timeout=900)
+        if run.returncode != 0:
+            tail = " | ".join((run.stdout + run.stderr).strip().splitlines()[-3:])
+            reason = f"PostgreSQL did not come up ({script} start exited {run.returncode}): {tail}"
+            if os.environ.get("HCP_TUNE_REQUIRE_POSTGRES") == "1":
+                pytest.fail(reason + " [HCP_TUNE_REQUIRE_POSTGRES=1]", pytrace=False)
+            pytest.skip(reason)
+        started = True
+    url = subprocess.run([str(script), "url"], capture_output=True, text=True).stdout.strip()
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        reason = "psycopg is not installed (pip install -e '.[postgres]')"
+        if os.environ.get("HCP_TUNE_REQUIRE_POSTGRES") == "1":
+            pytest.fail(reason + " [HCP_TUNE_REQUIRE_POSTGRES=1]", pytrace=False)
+        pytest.skip(reason)
+    yield url
+    if started:
+        subprocess.run([str(script), "stop"], capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def postgres_db(postgres_server):
+    """A fresh, empty database on the server, for one test: its URL."""
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    dsn = postgres_server
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield postgres_server.replace("/hcp?", f"/{name}?", 1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -1,5 +1,6 @@
 """The sweep engine: the sweep's plan (``sweep_plan``, pure), the run loop (``sweep``,
 ``twostage``), submitit (``dispatch``, ``launch``), the optuna ledger (``tuner``), the
-results folder (``store``, ``records``) and the budget estimate (``budget``). Imports the
+results folder (``store``, ``records``, ``trialrow``, its lock ``folderlock``, a team's
+database ``rdb``, ``housekeeping``) and the budget estimate (``budget``). Imports the
 layers below it, and of the job side only the payload and the steps driver's launch record.
 """

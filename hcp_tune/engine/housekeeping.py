@@ -1,5 +1,6 @@
-"""Housekeeping of a results folder: which sweeps run on it, and dropping or archiving an
-env tag's trials (``results drop|archive env_tag=X``).
+"""Housekeeping of a results folder: which sweeps run on it, dropping or archiving an env
+tag's trials (``results drop|archive env_tag=X``), and moving its journals' studies into a
+team's database (``results migrate storage=postgresql://...``).
 
 A sweep marks the folder while it runs (``sweeps/<host>-<pid>-<n>.running``, written under
 the folder's lock by ``mark_sweep``); ``take_tag`` holds the same lock and refuses while a
@@ -16,7 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from hcp_tune.engine.store import JOURNALS, ResultStore
+from hcp_tune.engine.store import JOURNALS, LEDGER_FILE, LEGACY_JOURNAL, ResultStore
+from hcp_tune.spec import atomic_write_text
 from hcp_tune.errors import HcpError
 
 SWEEPS = "sweeps"  # sweeps/<host>-<pid>-<n>.running: a sweep is running on the folder
@@ -120,6 +122,57 @@ def take_tag(store: ResultStore, env_tag: str, archive: bool) -> tuple[int, int,
         else:
             shutil.rmtree(aside)
     return len(slugs), files, target
+
+
+def migrate(store: ResultStore, url: str) -> tuple[int, int, int]:
+    """Move the studies of this folder's journals (``journals/``, or an older folder's
+    single journal, split first) into the database at ``url``: a study the database lacks
+    is copied whole (every trial, numbers kept); one it has gets the rows it lacks (by
+    trial id). Then the count check: every (study, trial id) holding a row in the journals
+    must hold it in the database, else ``HousekeepingError``. Running it again adds
+    nothing. The folder then syncs from the database (``.ledger.json``); its journals stay
+    as they were. Under the lock, refused while a sweep runs. Returns (studies, trials
+    copied, rows already there)."""
+    from hcp_tune.engine import tuner
+
+    target = tuner.open_storage(url)  # a database that refuses us: one line, nothing done
+    with store.lock():
+        busy = running_sweeps(store)
+        if busy:
+            raise HousekeepingError(f"{store.root}: a sweep is running on this folder "
+                                    f"({busy[0]}): migrate when it has ended")
+        if (store.root / LEGACY_JOURNAL).is_file() and not (store.root / JOURNALS).is_dir():
+            store._migrate()  # noqa: SLF001 - the split, under the lock this holds
+        source = tuner.Ledger(tuner.Journals(store.root / JOURNALS))
+        names = source.names()
+        if not names:
+            raise HousekeepingError(f"{store.root}: no journals to migrate ({JOURNALS}/ holds "
+                                    "no study); a sweep with search.storage=URL writes there")
+        dest = tuner.Ledger(target)
+        there, copied, already = set(dest.names()), 0, 0
+        for name in names:
+            rows = source.rows([name])
+            if name not in there:
+                tuner.copy_study(source.storage.get(name), name, target)
+                copied += len(source.study(name).get_trials(deepcopy=False))
+            else:
+                have = dest.rows([name])
+                already += sum(1 for k in rows if k in have)
+                copied += dest.import_rows(name, [json.loads(t) for k, t in rows.items()
+                                                  if k not in have])
+            missing = set(rows) - set(dest.rows([name]))
+            if missing:
+                raise HousekeepingError(
+                    f"count check failed: study {name!r} has {len(rows)} rows in the journals "
+                    f"but {len(rows) - len(missing)} in the database; nothing else was "
+                    "changed in the folder: run results migrate again")
+            source.storage.forget(name)
+        store.rebuild_locked(dest, True)
+        from hcp_tune.engine import rdb
+
+        atomic_write_text(str(store.root / LEDGER_FILE),
+                          json.dumps({"storage": rdb.shown_url(target)}))
+    return len(names), copied, already
 
 
 def _alive(pid: int) -> bool:

@@ -6,6 +6,8 @@ Layout of a results folder:
   the record, one optuna study per sweep key in its own journal file, so that a command
   replays only the keys it touches; each finished trial holds its whole row (``tuner``).
   A folder written with one ``optuna.journal`` is split once (``ResultStore.ledger``).
+  With a database (``search.storage=postgresql://...``: ``rdb``) the folder is a view of it
+  (``.ledger.json``) that commands reading the tables sync first (``refresh``).
 - ``rows/<sweep-key-hash>/<trial-id>.json``: one file per finished trial, written
   atomically the moment its result is known (before it is told to the study, so a killed
   orchestrator loses nothing) and rewritten from the studies by ``rebuild``: a view,
@@ -30,7 +32,6 @@ The tables' text and ranking are ``tables``; the key and row schema ``records``.
 from __future__ import annotations
 
 import csv
-import fcntl
 import io
 import json
 import os
@@ -42,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from hcp_tune.engine import folderlock
 from hcp_tune.engine.records import (
     KEY_FIELDS,
     RECOMMENDATION_COLUMNS,
@@ -51,7 +53,6 @@ from hcp_tune.engine.records import (
     ResultsTooNew,
     SweepKey,
     TrialRow,
-    Verification,
     key_rows,
     name_slug,
     row_text,
@@ -66,69 +67,14 @@ from hcp_tune.engine.tables import (  # rank, recommendations, missing_layouts: 
     recommendations,
     table_entry,
 )
-from hcp_tune.spec import TrialResult, TrialSpec, atomic_open, atomic_write_text
+from hcp_tune.engine.trialrow import single_run_fields, trial_row, verified  # re-exported
+from hcp_tune.spec import atomic_open, atomic_write_text
 
-# The columns of trials.csv (``records.TrialRow``'s fields, in order; a row's extra
-# fields, such as a skipped layout's ``predicted_step_s``, follow) and of
-# recommendations.csv (``records.Recommendation``'s). Both files always have their header,
-# even when nothing was stored or ranked.
+# The columns of trials.csv (``records.TrialRow``'s fields, then a row's extra fields) and
+# of recommendations.csv (``records.Recommendation``'s); both always have their header.
 __all__ = ["KEY_FIELDS", "TRIAL_COLUMNS", "RECOMMENDATION_COLUMNS", "ROW_SCHEMA",
            "ResultsTooNew", "ResultStore", "SweepKey", "key_rows", "trial_row", "rank",
            "recommendations", "missing_layouts", "csv_line", "csv_cell"]
-
-
-def single_run_fields(key: SweepKey, spec: TrialSpec, result: TrialResult) -> dict[str, Any]:
-    """The micro-batch fields of a row measured by one run (``spec``): runner=bridge
-    measured at ``spec.micro_batches`` (at the user's m, its median is the step there);
-    the attention runner has none."""
-    if spec.runner != "bridge":
-        return {}
-    m = max(1, spec.micro_batches)
-    return {"measured_micro_batches": json.dumps([m]),
-            "point_medians_s": json.dumps([result.median_s]),
-            "step_at_user_m_s": result.median_s if m == key.micro_batches else None}
-
-
-def trial_row(key: SweepKey, spec: TrialSpec, result: TrialResult, *,
-              micro: Optional[dict[str, Any]] = None, **extra: Any) -> dict[str, Any]:
-    """One flat row (``records.TrialRow.to_dict``): the key, the layout, the status and
-    every measured statistic. ``micro``: the micro-batch fields of a trial measured at
-    several m (``engine.trials.point_fields``); default those of one run of ``spec``."""
-    return TrialRow(
-        **{k: getattr(key, k) for k in KEY_FIELDS},
-        trial_id=spec.trial_id,
-        a2a=spec.a2a,
-        p2p=spec.p2p,
-        comm_type=spec.comm_type,
-        status=result.status.value,
-        failure_class=result.failure_class.value if result.failure_class else "",
-        error=result.error or "",
-        median_s=result.median_s,
-        p10_s=result.p10_s,
-        p90_s=result.p90_s,
-        steps=len(result.step_times_s),
-        step_times_s=json.dumps(result.step_times_s),
-        peak_mem_bytes=result.peak_mem_bytes,
-        tflops_per_gpu=result.tflops_per_gpu,
-        wall_s=result.wall_s,
-        mem_note=result.mem_note,
-        backend=result.backend,
-        te_backend=result.te_backend,
-        qkv_format=result.qkv_format,
-        notes="; ".join(result.notes),
-        verified=verified(result.verification),
-        fingerprint=json.dumps(result.fingerprint, sort_keys=True),
-        job_id=result.job_id or "",
-        log_path=result.log_path or "",
-        phases_s=json.dumps(result.phases_s, sort_keys=True),
-        **(single_run_fields(key, spec, result) if micro is None else micro),
-        extra=extra,
-    ).to_dict()
-
-
-def verified(evidence: dict[str, Any]) -> bool:
-    """The trial proved CP active (``records.Verification``)."""
-    return Verification.from_dict(evidence).verified
 
 
 class ResultStore:
@@ -141,13 +87,10 @@ class ResultStore:
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        """The folder's exclusive lock (``folderlock``: flock, or a lock file where the
+        file system has no flock)."""
+        with folderlock.hold(self.root / ".lock"):
+            yield
 
     def row_path(self, key: SweepKey, trial_id: str) -> Path:
         return self.root / "rows" / key.slug / f"{trial_id}.json"
@@ -224,10 +167,12 @@ class ResultStore:
     def ledger(self, storage: Any = None) -> Any:
         """The optuna storage of this folder's studies: ``storage`` when given (an RDB URL
         or one journal file: ``search.storage``), else one journal per key under
-        ``journals/`` (``tuner.Journals``). A folder holding the single ``optuna.journal``
+        ``journals/`` (``tuner.Journals``), or the database this folder was last synced
+        from (``remembered``). A folder holding the single ``optuna.journal``
         of an older hcp-tune is split into per-key journals first, once, under the lock."""
         from hcp_tune.engine import tuner
 
+        storage = storage if storage is not None else self.remembered()
         if storage is not None:
             return tuner.open_storage(storage)
         if (self.root / LEGACY_JOURNAL).is_file() and not (self.root / JOURNALS).is_dir():
@@ -266,11 +211,10 @@ class ResultStore:
         hcp-tune, or a row written just before its orchestrator died), then rewrite the
         row files, trials.csv and recommendations.csv from the studies.
 
-        With per-key journals (the default ledger), only the keys whose journal or row
-        folder changed since the tables were last written are derived again; the other
-        keys' lines are copied from the tables as they are (``.tables.json`` says where
-        each key's lines lie). The result is the same, byte for byte, as deriving every key
-        (``rebuild_all``); an RDB or single-journal storage derives every key."""
+        Only the keys whose study (journal, or trials in a database) or row folder changed
+        since the tables were written are derived again; the other keys' lines are copied
+        (``.tables.json`` says where they lie). The result is the same, byte for byte, as
+        deriving every key (``rebuild_all``); a single journal file derives every key."""
         return self._rebuild(storage, everything=False)
 
     def rebuild_all(self, storage: Any = None) -> tuple[Path, Path]:
@@ -278,30 +222,55 @@ class ResultStore:
         return self._rebuild(storage, everything=True)
 
     def _rebuild(self, storage: Any, everything: bool) -> tuple[Path, Path]:
-        from hcp_tune.engine import tuner
+        from hcp_tune.engine import rdb, tuner
 
         storage = self.ledger(storage or self.storage)
         with self.lock():
             self.rebuild_locked(tuner.Ledger(storage), everything)
+            url = rdb.shown_url(storage)
+            if url is not None and url != self.remembered():
+                atomic_write_text(str(self.root / LEDGER_FILE), json.dumps({"storage": url}))
         return self.root / "trials.csv", self.root / "recommendations.csv"
+
+    def remembered(self) -> Optional[str]:
+        """The database this folder is a view of (``.ledger.json``: its URL without a
+        password, written by a sync or sweep that used one), or None."""
+        try:
+            url = json.loads((self.root / LEDGER_FILE).read_text())["storage"]
+            return url if isinstance(url, str) else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def refresh(self) -> None:
+        """Before a command reads the tables: sync them from the database this folder is a
+        view of (given, or ``remembered``) if it says (asked without optuna) a key changed;
+        nothing for a journal folder, whose tables every writer keeps current."""
+        from hcp_tune.engine import rdb
+
+        url = self.storage if rdb.is_rdb(self.storage) else self.remembered()
+        if not rdb.is_rdb(url):
+            return
+        with rdb.Quick(url) as quick:
+            slugs, meta = self._db_slugs(quick, rdb.redacted(url))
+        index = self._read_index(meta)
+        if index is None or _dirty(index, slugs, meta["touched"]):
+            self.rebuild(url)
 
     def rebuild_locked(self, ledger: Any, everything: bool) -> None:
         """``rebuild``'s work; the caller holds the lock."""
-        from hcp_tune.engine import tuner
-
-        partitioned = isinstance(ledger.storage, tuner.Journals)
-        index = None if everything or not partitioned else self._read_index()
-        slugs = self._slugs(ledger) if partitioned else None
+        slugs, meta = self._slugs(ledger)
+        index = None if everything or slugs is None else self._read_index(meta)
+        touched = meta.pop("touched", set())
         if index is None:
             dirty = set(slugs) if slugs is not None else None
             keep: dict[str, dict[str, Any]] = {}
         else:
-            dirty = {s for s, st in slugs.items()
-                     if index["slugs"].get(s, {}).get("stat") != st}
+            dirty = _dirty(index, slugs, touched)
             keep = {s: e for s, e in index["slugs"].items() if s in slugs and s not in dirty}
         derived = self._derive(ledger, dirty)
+        made = self._folder_times()  # after the derive (``_settled``)
         for s, e in derived.items():  # what it was derived from, read before: a trial
-            e["stat"] = _settled((slugs or {}).get(s))  # appended meanwhile marks it changed
+            e["stat"] = _settled((slugs or {}).get(s), made.get(s, 0))  # added meanwhile: changed
         entries = {**keep, **derived}
         extras = list(dict.fromkeys(x for s in sorted(entries) for x in entries[s]["extras"]))
         if index is not None and extras != index["extras"]:
@@ -312,21 +281,36 @@ class ResultStore:
             entries = derived
             extras = list(dict.fromkeys(x for s in sorted(entries)
                                         for x in entries[s]["extras"]))
-        self._write_tables(entries, index, extras, derived)
+        self._write_tables(entries, index, extras, derived, meta)
 
-    def _slugs(self, ledger: Any) -> dict[str, list[int]]:
-        """Each key folder (by slug) with a journal or a row folder, and what says it
-        changed: its journal's size and time, its row folder's time."""
-        out: dict[str, list[int]] = {}
-        for path in ledger.storage.folder.glob("*.journal"):
-            st = path.stat()
-            out.setdefault(path.stem, [0, 0, 0])[:2] = [st.st_size, st.st_mtime_ns]
-        rows = self.root / "rows"
-        if rows.is_dir():
-            for entry in os.scandir(rows):
-                if entry.is_dir():
-                    out.setdefault(entry.name, [0, 0, 0])[2] = entry.stat().st_mtime_ns
-        return out
+    def _slugs(self, ledger: Any) -> tuple[Optional[dict[str, list[int]]], dict[str, Any]]:
+        """Each key folder (by slug) with a study or a row folder, and what says it changed
+        (last, two times: a journal's or 0, the row folder's; a database's keys: counts of
+        ``rdb.slug_changes``), what the index must match (``meta``); (None, {}): derive all."""
+        from hcp_tune.engine import rdb, tuner
+
+        if isinstance(ledger.storage, tuner.Journals):
+            out: dict[str, list[int]] = {s: [0, 0, t] for s, t in self._folder_times().items()}
+            for path in ledger.storage.folder.glob("*.journal"):
+                st = path.stat()
+                out.setdefault(path.stem, [0, 0, 0])[:2] = [st.st_size, st.st_mtime_ns]
+            return out, {"ledger": JOURNALS, "touched": set()}
+        url = rdb.shown_url(ledger.storage)
+        return (None, {}) if url is None else self._db_slugs(ledger.storage, url)
+
+    def _db_slugs(self, db: Any, url: str) -> tuple[dict[str, list[int]], dict[str, Any]]:
+        """``_slugs`` of a database (an RDB storage, or ``rdb.Quick``: ``rdb.slug_changes``)."""
+        from hcp_tune.engine import rdb
+
+        index = self._read_index({"ledger": url}) or {}
+        stats, touched, mark = rdb.slug_changes(db, index.get("mark", 0))
+        out = {s: [0, 0, 0, 0, t] for s, t in self._folder_times().items()}
+        for s, st in stats.items():
+            out.setdefault(s, [0, 0, 0, 0, 0])[:4] = [*st, 0]
+        return out, {"ledger": url, "mark": mark, "touched": touched}
+
+    def _folder_times(self) -> dict[str, int]:  # each row folder's time
+        return {p.name: p.stat().st_mtime_ns for p in (self.root / "rows").glob("*/")}
 
     def _derive(self, ledger: Any, slugs: Optional[set[str]]) -> dict[str, dict[str, Any]]:
         """For the key folders ``slugs`` (None: every key the storage or ``rows/`` holds),
@@ -377,11 +361,12 @@ class ResultStore:
                     journals.forget(name)
         return out
 
-    def _read_index(self) -> Optional[dict[str, Any]]:
-        """``.tables.json`` when it describes the tables on disk (their sizes and times)."""
+    def _read_index(self, meta: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """``.tables.json`` if it describes the tables on disk, derived from ``meta``'s ledger."""
         try:
             index = json.loads((self.root / TABLES_INDEX).read_text())
-            if index.get("version") != TABLES_INDEX_VERSION:
+            if index.get("version") != TABLES_INDEX_VERSION \
+                    or index.get("ledger", JOURNALS) != meta.get("ledger"):
                 return None
             for name in ("trials.csv", "recommendations.csv"):
                 st = (self.root / name).stat()
@@ -392,7 +377,8 @@ class ResultStore:
             return None
 
     def _write_tables(self, entries: dict[str, dict[str, Any]], index: Optional[dict[str, Any]],
-                      extras: list[str], derived: dict[str, dict[str, Any]]) -> None:
+                      extras: list[str], derived: dict[str, dict[str, Any]],
+                      meta: dict[str, Any]) -> None:
         """trials.csv: the header, then each key's rows in slug order (a kept key's lines
         copied from the old table); recommendations.csv: one line per key in key order;
         then the index. Each written atomically."""
@@ -418,7 +404,7 @@ class ResultStore:
         atomic_write_text(str(r_path), csv_line(list(RECOMMENDATION_COLUMNS))
                           + "".join(line for _, line in recs))
         atomic_write_text(str(self.root / TABLES_INDEX), json.dumps({
-            "version": TABLES_INDEX_VERSION, "extras": extras,
+            "version": TABLES_INDEX_VERSION, "extras": extras, **meta,
             "bytes": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in (t_path, r_path)},
             "slugs": entries}, separators=(",", ":")))
 
@@ -438,16 +424,27 @@ class ResultStore:
 
 LEGACY_JOURNAL = "optuna.journal"  # the single journal of folders written before issue 20
 JOURNALS = "journals"  # one journal per sweep key: journals/<slug>.journal
+LEDGER_FILE = ".ledger.json"  # the database this folder is a view of (ResultStore.remembered)
 TABLES_INDEX = ".tables.json"  # where each key's lines lie in the tables (a cache)
 TABLES_INDEX_VERSION = 1
 RACY_NS = 2_000_000_000  # a time this recent may not yet show a write made in its tick
 
 
-def _settled(stat: Optional[list[int]]) -> Optional[list[int]]:
-    """A key's (journal size, journal time, row folder time) as the index keeps it, or
-    None when a time is within ``RACY_NS`` of now: a file system stamps times in coarse
-    ticks, so a row file written in the same tick as the snapshot would leave the folder's
-    time unchanged; such a key is derived again by the next update, whatever it shows."""
-    if stat is None or max(stat[1], stat[2]) > time.time_ns() - RACY_NS:
+def _dirty(index: dict[str, Any], slugs: dict[str, list[int]], touched: set[str]) -> set[str]:
+    """The keys whose stat differs from the index's (or that are new), and ``touched``."""
+    return {s for s, st in slugs.items() if index["slugs"].get(s, {}).get("stat") != st} | touched
+
+
+def _settled(stat: Optional[list[int]], made: int = 0) -> Optional[list[int]]:
+    """A key's stat (``_slugs``: its last two numbers are times) as the index keeps it, or
+    None when a time is within ``RACY_NS`` of now (a row file written in the same coarse
+    tick as the snapshot leaves the folder's time unchanged: derive it again next time).
+    ``made``: the row folder's time after the derive, kept where the derive made the folder
+    and for a database's view (5 numbers; a row added there is told to the database too)."""
+    if stat and (len(stat) == 5 or not stat[-1]):
+        stat = stat[:-1] + [made]
+        if len(stat) == 5:
+            return stat
+    if stat is None or max(stat[-2], stat[-1]) > time.time_ns() - RACY_NS:
         return None
     return stat

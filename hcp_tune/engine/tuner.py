@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +111,10 @@ def open_storage(url_or_path: Any) -> Any:
     if not isinstance(url_or_path, (str, Path)):
         return url_or_path
     url_or_path = str(url_or_path)
-    if "://" in url_or_path:
-        return optuna.storages.get_storage(url_or_path)
+    if "://" in url_or_path:  # a database: opened by ``rdb`` (driver, retries, one-line errors)
+        from hcp_tune.engine import rdb
+
+        return optuna.storages.get_storage(rdb.open_storage(url_or_path))
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
@@ -182,11 +186,13 @@ class LayoutStudy:
         self._live: dict[int, optuna.Trial] = {}
 
     def outstanding(self, stored_ids: set[str]) -> list[Outstanding]:
-        """Submitted trials whose result was never stored: re-attach to them."""
+        """Submitted trials whose result was never stored: re-attach to them (not to those
+        of a sweep still running on this host: in a shared database, another user's)."""
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             attrs = t.user_attrs
-            if "job_id" in attrs and attrs["trial_id"] not in stored_ids:
+            if "job_id" in attrs and attrs["trial_id"] not in stored_ids \
+                    and not _live_elsewhere(attrs):
                 out.append(Outstanding(t.number, int(t.params["a2a"]), attrs["trial_id"],
                                        attrs["job_id"], attrs["executor"], attrs["folder"]))
         return out
@@ -194,7 +200,7 @@ class LayoutStudy:
     def abandon_unsubmitted(self) -> None:
         """Trials asked for but never submitted (killed in between) end as FAIL."""
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if "job_id" not in t.user_attrs:
+            if "job_id" not in t.user_attrs and not _live_elsewhere(t.user_attrs):
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     def ask(self, a2a: int, trial_id_prefix: str) -> tuple[int, str, int]:
@@ -206,6 +212,7 @@ class LayoutStudy:
             a2a = got
         trial_id = f"{trial_id_prefix}-t{trial.number:03d}-a{a2a}"
         trial.set_user_attr("trial_id", trial_id)
+        trial.set_user_attr("orchestrator", ORCHESTRATOR)  # who asked (``_live_elsewhere``)
         self._live[trial.number] = trial
         return trial.number, trial_id, a2a
 
@@ -277,6 +284,26 @@ class LayoutStudy:
         return {int(t.params["a2a"]) for t in self.study.best_trials if "a2a" in t.params}
 
 
+ORCHESTRATOR = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _live_elsewhere(attrs: dict[str, Any]) -> bool:
+    """The trial was asked by another sweep on this host that is still running: two users
+    sweeping one key into one database leave each other's trials alone. (A sweep on
+    another host cannot be checked from here: its trials are adopted, as a killed sweep's
+    are, when this sweep resumes the key.)"""
+    host, _, pid = str(attrs.get("orchestrator", "")).rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def pareto_front(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """The COMPLETE trials no other COMPLETE trial dominates on (step time, peak memory),
     both minimised: what ``study.best_trials`` returns for these two objectives, in trial
@@ -298,14 +325,15 @@ def pareto_front(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     return sorted(front, key=lambda t: t.number)
 
 
-def pareto_layouts(study: optuna.Study) -> list[tuple[int, int]]:
+def pareto_layouts(study: optuna.Study | list[FrozenTrial]) -> list[tuple[int, int]]:
     """``(a2a, p2p)`` layouts on the study's (step time, peak memory) Pareto front
     (``pareto_front``), by a2a. Only trials holding a row count: a trial told before
     rows rode on trials has an imported twin with the same values. A trial whose memory was
     not measured (CPU: its row's peak_mem_bytes is null, told to the study as 0) is left
     out: 0 is no measurement, so it cannot be on a memory front."""
     out = set()
-    for t in pareto_front(study.get_trials(deepcopy=False)):
+    trials = study if isinstance(study, list) else study.get_trials(deepcopy=False)
+    for t in pareto_front(trials):
         text = row_text_of(t)
         if text is None or not isinstance(json.loads(text).get("peak_mem_bytes"), (int, float)):
             continue
@@ -340,7 +368,9 @@ class Ledger:
         skipped again), the latest. ``names``: the studies (default every one)."""
         out: dict[tuple[str, str], str] = {}
         for name in self.names() if names is None else names:
-            for t in self.study(name).get_trials(deepcopy=False):
+            trials = self.study(name).get_trials(deepcopy=False)
+            self._last = (name, trials)  # ``pareto`` of this study reuses them
+            for t in trials:
                 text = row_text_of(t)
                 if text is not None:
                     out[(name, t.user_attrs["trial_id"])] = text
@@ -352,7 +382,10 @@ class Ledger:
         every study's summary)."""
         if name not in (self.names() if names is None else names):
             return ""
-        return " ".join(f"[{a},{p}]" for a, p in pareto_layouts(self.study(name)))
+        last = getattr(self, "_last", None)
+        trials = last[1] if last and last[0] == name else \
+            self.study(name).get_trials(deepcopy=False)
+        return " ".join(f"[{a},{p}]" for a, p in pareto_layouts(trials))
 
     def import_rows(self, name: str, rows: list[dict[str, Any]]) -> int:
         """Put rows the study lacks into it (a results folder written before the study was

@@ -17,6 +17,8 @@ from hcp_tune.outputs.regress.args import parse_args
 RESULTS_KEYS = ("results_dir", "format")
 TAKE_ACTIONS = ("drop", "archive")  # results drop|archive env_tag=X [results_dir=PATH]
 TAKE_KEYS = ("env_tag", "results_dir")
+LEDGER_ACTIONS = ("sync", "migrate")  # results sync|migrate [storage=URL] [results_dir=PATH]
+LEDGER_KEYS = ("storage", "results_dir")
 
 
 @dataclass
@@ -63,6 +65,8 @@ def _mb(n: int) -> str:
 def cmd_results(args: list[str]) -> int:
     if args and args[0] in TAKE_ACTIONS:
         return cmd_take(args[0], args[1:])
+    if args and args[0] in LEDGER_ACTIONS:
+        return cmd_ledger(args[0], args[1:])
     a = parse_args("results", args, RESULTS_KEYS)
     results_dir = _folder(a)
     fmt = a.get("format", "table")
@@ -108,4 +112,36 @@ def cmd_take(action: str, args: list[str]) -> int:
     done = f"archived to {where}" if where else "dropped"
     print(f"env_tag={a['env_tag']}: {keys} key(s), {files} trial row(s) {done}; the tables "
           "no longer list them")
+    return 0
+
+
+def cmd_ledger(action: str, args: list[str]) -> int:
+    """``results sync [storage=URL]``: bring the folder's row files and tables up to date
+    from a team's database (only the keys that changed); the folder remembers the
+    database, so later commands sync by themselves. ``results migrate storage=URL``: move
+    the folder's journals into the database once, with a count check
+    (``housekeeping.migrate``)."""
+    from hcp_tune.engine.store import ResultStore
+
+    a = parse_args(f"results {action}", args, LEDGER_KEYS)
+    results_dir = Path(a.get("results_dir", "results")).resolve()
+    store = ResultStore(results_dir, a.get("storage"))
+    url = a.get("storage") or store.remembered()
+    if not url or "://" not in url:
+        raise RegressError(f"results {action}: which database? give storage=postgresql://"
+                           "USER@HOST/DB (the password from ~/.pgpass or PGPASSWORD)")
+    if action == "migrate":
+        from hcp_tune.engine.housekeeping import migrate
+
+        if not results_dir.is_dir():
+            _folder(a)  # raises: no such folder
+        studies, copied, already = migrate(store, url)
+        print(f"{results_dir}: {studies} studies migrated to {store.remembered()}: {copied} "
+              f"trial(s) copied, {already} already there; count check passed (every stored "
+              "row is in the database); the folder now syncs from it")
+        return 0
+    store.refresh()  # only the keys that changed (none: nothing written)
+    trials = sum(1 for _ in open(results_dir / "trials.csv")) - 1
+    print(f"{results_dir}: synced from {store.remembered()}: trials.csv holds {trials} "
+          "trial(s)")
     return 0

@@ -45,11 +45,13 @@ def _rows(results_dir: Path, env_tags: Optional[set[str]] = None) -> list[dict]:
     when one of them has no rows, every row, so that the error lists the tags there)."""
     from hcp_tune.engine.store import ResultStore
 
+    store = ResultStore(results_dir)
+    store.refresh()  # a view of a team's database: brought up to date first
     if env_tags:
-        rows = ResultStore(results_dir).tag_rows(env_tags)
+        rows = store.tag_rows(env_tags)
         if {str(r.get("env_tag")) for r in rows} >= env_tags:
             return rows
-    rows = ResultStore(results_dir).rows()
+    rows = store.rows()
     if not rows:
         raise RegressError(f"results_dir={results_dir}: no stored trials there (rows/*/*.json); "
                            "run `python -m hcp_tune sweep ... env_tag=NAME` first")

@@ -34,6 +34,7 @@ def _every_key(results_dir: Path, pick: dict) -> list:
     from hcp_tune.outputs import report
 
     store = ResultStore(results_dir)
+    store.refresh()
     slugs = store.folder_keys()
     if not slugs:
         _rows(results_dir)  # raises: nothing stored there
