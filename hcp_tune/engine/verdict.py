@@ -34,7 +34,7 @@ from typing import Any, Optional
 BOOTSTRAP = 2000  # resamples of a layout's trials
 SEED = 28  # the fixed seed, mixed with the layout and its trial medians
 LEVEL = 0.95  # the intervals' coverage
-POWER_Z = 0.8416  # one-sided z of 80% power
+POWER_Z = 0.8416  # one-sided z of 80% power (and the 20% quantile of the spread bound)
 INTERVAL_Z = 1.96  # two-sided z of 95%
 MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)  # a median's s.e. over the mean's, normal data
 TIE_THRESHOLD = 0.02  # search.tie_threshold's default
@@ -168,17 +168,29 @@ def spread(fig: Figure) -> float:
     return statistics.stdev(math.log(m) for m in fig.medians)
 
 
+def _chi2_lower(df: int) -> float:
+    """The 20% quantile of chi-square with ``df`` degrees of freedom (Wilson-Hilferty)."""
+    h = 2.0 / (9.0 * df)
+    return df * max(0.05, 1 - h - POWER_Z * math.sqrt(h)) ** 3
+
+
 def trials_to_decide(best: Figure, other: Figure, tie_threshold: float,
                      floor_spread: float = 0.01) -> int:
     """Trials per layout (in all) at which the pair should settle or tie with 80% power.
 
     The normal approximation of a ratio of two medians of n trials each: the 95% interval
     of log(other/best) has half-width ``1.96 * sqrt(2) * 1.2533 * s / sqrt(n)`` (s: the
-    pooled sd of the log trial medians, at least ``floor_spread``). To settle, that
+    pooled sd of the log trial medians at its 80% upper bound, at least ``floor_spread``). To
+    settle, that
     half-width must be below |log ratio| with 80% power; to tie, below the distance from
-    |log ratio| to log(1 + threshold). The smaller n wins (the sizes of tests/engine/
-    test_verdict.py's simulation)."""
-    s = max(floor_spread, math.sqrt((spread(best) ** 2 + spread(other) ** 2) / 2))
+    |log ratio| to log(1 + threshold). The smaller n wins (tests/engine/test_verdict.py's
+    simulation checks the suggestion settles >= 80% of such keys)."""
+    df = max(1, best.n_trials + other.n_trials - 2)
+    pooled = math.sqrt((spread(best) ** 2 * (best.n_trials - 1)
+                        + spread(other) ** 2 * (other.n_trials - 1)) / df)
+    # the spread of a few trials is often an underestimate: its 80% upper bound
+    # (chi-square, Wilson-Hilferty), so that the suggestion keeps its power
+    s = max(floor_spread, pooled) * math.sqrt(df / _chi2_lower(df))
     d = abs(math.log(other.median_s / best.median_s))
     se1 = math.sqrt(2) * MEDIAN_EFFICIENCY * s  # the s.e. of the log ratio at n = 1
     gaps = [d, math.log1p(tie_threshold) - d]
