@@ -182,7 +182,14 @@ class Sweeper(Collector):
 
     # ---------------------------------------------------------------- adaptive rounds
     def stored(self, member: Member, row: dict[str, Any]) -> None:
-        if self.adaptive and not self.summary.aborted and not self.summary.budget_stop:
+        if not self.adaptive:
+            return
+        if row["status"] == Status.PRUNED.value and not str(row.get("error") or "").startswith(
+                "cancelled"):  # it lost: its queued repeats would lose again
+            a2a = member.spec.a2a
+            self.queue = [w for w in self.queue
+                          if not (w.key == member.key and w.cand.layout.a2a == a2a)]
+        if not self.summary.aborted and not self.summary.budget_stop:
             self._next_round(member.key)
 
     def _pending(self, key: SweepKey) -> bool:

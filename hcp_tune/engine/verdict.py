@@ -92,7 +92,8 @@ class Verdict:
         if self.kind != "tie" or not self.best:
             return []
         return [self.best.layout, *(f.layout for f in self.figures[1:]
-                                    if self.ratios[f.layout][0] <= 1.0)]
+                                    if self.ratios[f.layout][0] <= 1.0
+                                    and f.layout not in self.pruned)]
 
 
 def _nan(v: Any) -> bool:
@@ -155,6 +156,7 @@ def ratio_interval(best: Figure, other: Figure) -> tuple[float, float]:
 
 
 def _pruned(rows: list[dict[str, Any]], measured: set[Layout]) -> list[Layout]:
+    """Layouts early stopping stopped (a trial ``pruned``, not cancelled), but ``measured``."""
     return sorted({(int(r["a2a"]), int(r["p2p"])) for r in rows
                    if r.get("status") == "pruned"
                    and not (r.get("error") or "").startswith("cancelled")} - measured)
@@ -201,12 +203,14 @@ def trials_to_decide(best: Figure, other: Figure, tie_threshold: float,
 def decide(rows: list[dict[str, Any]], tie_threshold: float = TIE_THRESHOLD) -> Verdict:
     """One key's verdict from its stored rows (any order; pure, deterministic)."""
     figs = figures(rows)
-    pruned = _pruned(rows, {f.layout for f in figs})
+    pruned = _pruned(rows, set())
     if not figs:
         return Verdict("unsettled", [], {}, pruned, tie_threshold=tie_threshold)
     best, others = figs[0], figs[1:]
     ratios = {f.layout: ratio_interval(best, f) for f in others}
-    close = [f for f in others if ratios[f.layout][0] <= 1.0]  # not separated from the best
+    # not separated from the best; a layout early stopping stopped lost on every step of
+    # a trial (beyond the best's noise and 5%): out, as the sweep treats it
+    close = [f for f in others if ratios[f.layout][0] <= 1.0 and f.layout not in pruned]
     if not others and not pruned:
         kind = "unsettled"  # one layout measured: nothing was compared
     elif not close and (best.n_trials >= MIN_TRIALS or not others):
@@ -222,7 +226,7 @@ def decide(rows: list[dict[str, Any]], tie_threshold: float = TIE_THRESHOLD) -> 
         return Verdict(kind, figs, ratios, pruned, lighter=lighter, tie_threshold=tie_threshold)
     if kind == "settled":
         return Verdict(kind, figs, ratios, pruned, tie_threshold=tie_threshold)
-    pending = close or others
+    pending = close or [f for f in others if f.layout not in pruned]
     need = {f.layout: trials_to_decide(best, f, tie_threshold) for f in pending}
     best_need = max(need.values(), default=MIN_TRIALS + 1)
     more = {best.layout: max(0, best_need - best.n_trials)}
