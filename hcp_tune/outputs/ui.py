@@ -382,7 +382,11 @@ def close_group_lines(pred: dict[str, Any]) -> list[str]:
         lays = ", ".join(f"[{a},{p}]" for a, p in zip(g["a2a_sizes"], g["p2p_sizes"]))
         head = f"tp={g['tp']} seq={g['seq']}: "
         within = f"within the model's error band ({g['band_factor']:.3f}x, q={b['q']:g})"
-        if g["confident"]:
+        if g.get("not_validated"):
+            lines.append(head + f"not validated for {g['not_validated']}: measure them all "
+                         f"({lays}) with:")
+            lines.append("  " + g["settle_command"])
+        elif g["confident"]:
             lines.append(head + f"confident pick {lays}: no other layout predicted {within} "
                          "of it")
         else:
