@@ -32,6 +32,7 @@ group is every layout that fits, never a confident pick.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ class Band:
     keys: int = 0
     pairs: int = 0
     source: str = ""
+    own: bool = False  # a calibration's own band, from the user's cluster: not the shipped domain
 
     @property
     def factor(self) -> float:
@@ -186,7 +188,8 @@ def of_calibration(doc: dict[str, Any]) -> Band | None:
     b = doc.get("fit", {}).get("band")
     if not b or b["keys"] < MIN_KEYS:
         return None
-    return _band(b, f"this calibration's band on {b['keys']} measured keys (in-sample)")
+    return dataclasses.replace(
+        _band(b, f"this calibration's band on {b['keys']} measured keys (in-sample)"), own=True)
 
 
 def of_rows(per_row: list[dict[str, Any]], *, q: float = Q, source: str = "") -> Band | None:

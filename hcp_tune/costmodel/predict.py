@@ -96,8 +96,8 @@ def close_groups(cfg: SweepConfig, rows: list[dict[str, Any]], b: band.Band) -> 
     out = []
     training = cfg.runner.name == "bridge" or cfg.pp > 1
     for (seq, tp), times in keys.items():
-        gaps = band.domain_gaps(cfg.cluster, gpus=tp * cfg.cp * cfg.dp * cfg.pp,
-                                training_step=training)
+        gaps = [] if b.own else band.domain_gaps(cfg.cluster, gpus=tp * cfg.cp * cfg.dp * cfg.pp,
+                                                 training_step=training)
         # outside the band's domain: no band; every layout that fits is to be measured
         group = sorted(times, key=times.get) if gaps else band.close_group(times, b)
         out.append({"seq": seq, "tp": tp, "a2a_sizes": group,
