@@ -17,7 +17,8 @@ cancelled, skipped and failed trials never enter a figure.
 **The verdict** compares the best layout (lowest figure) with every other measured layout
 through the bootstrap interval of the ratio other/best: *settled* when every ratio's
 interval lies above 1 (each other layout is slower with 95% confidence; a layout stopped
-early by the prune rule lost on every step it ran and counts as slower); *tie* when every
+early by the prune rule, without an interval of its own, lost on every step it ran and
+counts as slower); *tie* when every
 layout not separated from the best has a ratio interval inside 1 +- ``tie_threshold``;
 *unsettled* otherwise, with the undecided layouts and the trials a power calculation says
 they need (``trials_to_decide``; tests/engine/test_verdict.py checks by simulation that
@@ -203,13 +204,15 @@ def trials_to_decide(best: Figure, other: Figure, tie_threshold: float,
 def decide(rows: list[dict[str, Any]], tie_threshold: float = TIE_THRESHOLD) -> Verdict:
     """One key's verdict from its stored rows (any order; pure, deterministic)."""
     figs = figures(rows)
-    pruned = _pruned(rows, set())
+    # lost by early stopping: a layout stopped early that has no interval of its own (one
+    # with one, from MIN_TRIALS ok trials, is judged by it)
+    pruned = _pruned(rows, {f.layout for f in figs if f.n_trials >= MIN_TRIALS})
     if not figs:
         return Verdict("unsettled", [], {}, pruned, tie_threshold=tie_threshold)
     best, others = figs[0], figs[1:]
     ratios = {f.layout: ratio_interval(best, f) for f in others}
-    # not separated from the best; a layout early stopping stopped lost on every step of
-    # a trial (beyond the best's noise and 5%): out, as the sweep treats it
+    # not separated from the best; a layout early stopping stopped (and has no interval)
+    # lost on every step of a trial, beyond the best's noise and 5%: out
     close = [f for f in others if ratios[f.layout][0] <= 1.0 and f.layout not in pruned]
     if not others and not pruned:
         kind = "unsettled"  # one layout measured: nothing was compared

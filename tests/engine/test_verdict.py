@@ -101,3 +101,14 @@ def test_a_schema_1_recommendation_reads_with_no_interval():
     rec = Recommendation.from_dict(old).to_dict()
     assert rec["median_s"] == 0.5 and rec["ci_lo_s"] is None and rec["n_trials"] == 0
     assert rec["verdict"] == "" and rec["schema_version"] == 2
+
+
+def test_a_pruned_trial_decides_only_for_a_layout_without_an_interval():
+    """The local check of issue 28: [2,2] had 4 ok trials within 0.3% of the best and one
+    pruned trial; the pruned one must not make the key 'settled'."""
+    close = rows(1, [0.19, 0.40, 0.25, 0.34, 0.38]) + rows(2, [0.29, 0.46, 0.36, 0.33]) \
+        + rows(2, [0.47], status="pruned")
+    v = verdict.decide(close)
+    assert v.kind == "unsettled" and v.pruned == [] and (2, 2) in v.undecided
+    lost = rows(1, [0.19, 0.20, 0.21]) + rows(2, [0.21]) + rows(2, [0.47], status="pruned")
+    assert verdict.decide(lost).kind == "settled" and verdict.decide(lost).pruned == [(2, 2)]
