@@ -97,7 +97,7 @@ def pinned_repeats(args) -> list[str]:
     gets exactly that many (exhaustive) unless it sets search.adaptive itself. The
     adaptive default is tested with its own arguments (tests/engine/test_sweep_adaptive.py)."""
     args = list(args)
-    if not args or args[0] not in ("sweep", "regress"):
+    if not args or args[0] != "sweep":
         return args
     given = {a.split("=", 1)[0] for a in args if "=" in a}
     if "search.adaptive" in given or "search.min_repeats" in given:
