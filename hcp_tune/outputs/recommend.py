@@ -132,7 +132,7 @@ def verdict_lines(rec: dict[str, Any]) -> list[str]:
 
 
 # what benchmarks/RESULTS-decision-cost.md measured (all keys, layouts fastest first)
-SETTLED_ERROR = ("a settled pick was not the fastest in 1.8% of the decision-cost benchmark's "
+SETTLED_ERROR = ("a settled pick was not the fastest in 1.6% of the decision-cost benchmark's "
                  "settled keys: docs/guides/ranking.md")
-AGREEMENT = ("the winner or a tie holding it matched the exhaustive sweep in 97.8% of the "
+AGREEMENT = ("the winner or a tie holding it matched the exhaustive sweep in 97.9% of the "
              "decision-cost benchmark's keys")
