@@ -81,3 +81,42 @@ def test_the_cli_exits_2_with_one_line_for_min_repeats_above_repeats():
             "search.min_repeats=3")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "search.min_repeats=3 is above search.repeats=2" in r.stderr
+
+
+def _stored_row(key, a2a, median, n):
+    from hcp_tune.engine.store import trial_row
+    from hcp_tune.spec import Status, TrialResult, TrialSpec
+
+    trial_id = f"{key.slug}-t{n:03d}-a{a2a}"
+    spec = TrialSpec(trial_id=trial_id, a2a=a2a, p2p=4 // a2a, seq=key.seq, heads=8,
+                     kv_heads=8, head_dim=8, runner=key.runner)
+    res = TrialResult(trial_id=trial_id, status=Status.OK, median_s=median,
+                      verification={"groups": {"match": True}, "numerics": {"passed": True}})
+    return trial_row(key, spec, res)
+
+
+def test_a_resumed_sweep_queues_the_same_round_from_what_is_stored(tmp_path):
+    """The Sweeper's round comes from the stored rows: a fresh Sweeper over the same folder
+    (a resume after a kill) plans exactly the same next trials."""
+    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.engine.sweep import Sweeper
+
+    cfg = config.load(["cluster=local", "model=tiny", "cp=4", "seq=256", "runner=attention",
+                       "executor=local", f"results_dir={tmp_path}"])
+    (key,) = kept_by_key(cfg)
+    store = ResultStore(tmp_path)
+    medians = {4: (1.0, 1.06, 0.97), 2: (1.02, 0.99, 1.07), 1: (2.0, 2.1, 2.05)}
+    n = 0
+    for a2a, ms in medians.items():
+        for m in ms:
+            store.add(_stored_row(key, a2a, m, n), key)
+            n += 1
+    store.rebuild()
+    queued = []
+    for _ in range(2):  # the first run, then the same command again
+        sweeper = Sweeper(cfg, reporter=None)
+        sweeper.plan()
+        assert sweeper.queue == []  # min_repeats are in
+        sweeper._next_round(key)
+        queued.append(sorted(w.cand.layout.a2a for w in sweeper.queue))
+    assert queued == [[2, 4], [2, 4]]  # only the undecided layouts, the same both times
