@@ -88,6 +88,10 @@ class Sweeper(Collector):
         self.best: dict[str, dict[str, Any]] = {}  # key name -> the best layout's median row
         self.usable: dict[str, list[dict[str, Any]]] = {}  # key name -> its usable rows
         self.adaptive = cfg.search.adaptive
+        if self.adaptive:
+            self.summary.adaptive_note = (
+                f"search.adaptive: {cfg.search.min_repeats} per layout first, then more only "
+                f"for layouts not yet separated from the best, up to {cfg.search.repeats}")
 
     # ---------------------------------------------------------------- planning / resume
     def key_for(self, cand: Candidate) -> SweepKey:

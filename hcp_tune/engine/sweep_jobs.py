@@ -85,6 +85,7 @@ class SweepSummary:
     # search.adaptive: per key, its verdict when the sweep stopped measuring it
     verdicts: dict[SweepKey, str] = field(default_factory=dict)
     adaptive_rounds: int = 0  # trials queued because a key was still unsettled
+    adaptive_note: str = ""  # search.adaptive: what comes after the planned trials
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     keys: list[SweepKey] = field(default_factory=list)  # every key with a kept layout
     # per key, by failure class (or "invalid"): what this run measured without a usable

@@ -154,6 +154,8 @@ class SweepReporter:
     def start(self, total: int, summary: Any) -> None:
         self.total = total
         head = f"sweep: {total} trial(s) to run"
+        if getattr(summary, "adaptive_note", ""):
+            head += f" ({summary.adaptive_note})"
         if summary.resumed or summary.reattached:
             head += (f"; resumed: {summary.resumed} already stored, "
                      f"{summary.reattached} re-attached by job id")
