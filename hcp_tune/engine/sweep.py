@@ -88,6 +88,7 @@ class Sweeper(Collector):
         self.best: dict[str, dict[str, Any]] = {}  # key name -> the best layout's median row
         self.usable: dict[str, list[dict[str, Any]]] = {}  # key name -> its usable rows
         self.adaptive = cfg.search.adaptive
+        self.ended: set[tuple[SweepKey, int]] = set()  # layouts whose trial failed this run
         if self.adaptive:
             self.summary.adaptive_note = (
                 f"search.adaptive: {cfg.search.min_repeats} per layout first, then more only "
@@ -188,6 +189,10 @@ class Sweeper(Collector):
     def stored(self, member: Member, row: dict[str, Any]) -> None:
         if not self.adaptive:
             return
+        if row["status"] in (Status.FAILED.value, Status.INVALID.value, Status.CANCELLED.value):
+            # not measured again in this run (as an exhaustive sweep would not): the next
+            # run does, by its plan and search.retry
+            self.ended.add((member.key, member.spec.a2a))
         if row["status"] == Status.PRUNED.value and not str(row.get("error") or "").startswith(
                 "cancelled"):  # it lost: its queued repeats would lose again
             a2a = member.spec.a2a
@@ -214,6 +219,7 @@ class Sweeper(Collector):
         more = sweep_adaptive.next_round(rows, [c.layout.a2a for c in kept],
                                          min_repeats=s.min_repeats, repeats=s.repeats,
                                          tie_threshold=s.tie_threshold)
+        more = [a for a in more if (key, a) not in self.ended]
         by_a2a = {c.layout.a2a: c for c in kept}
         self.queue.extend(Work(key, self.studies[key], by_a2a[a], kept) for a in more)
         self.summary.adaptive_rounds += len(more)

@@ -154,8 +154,6 @@ class SweepReporter:
     def start(self, total: int, summary: Any) -> None:
         self.total = total
         head = f"sweep: {total} trial(s) to run"
-        if getattr(summary, "adaptive_note", ""):
-            head += f" ({summary.adaptive_note})"
         if summary.resumed or summary.reattached:
             head += (f"; resumed: {summary.resumed} already stored, "
                      f"{summary.reattached} re-attached by job id")
@@ -168,6 +166,8 @@ class SweepReporter:
                      f"(or a class, e.g. search.retry={min(kept)}) measures them again")
         if total and getattr(summary, "estimate", ""):
             head += f"; {summary.estimate}"
+        if getattr(summary, "adaptive_note", ""):
+            head += f"; {summary.adaptive_note}"
         console().print(escape(head))
         if self.live_mode and total:
             from rich.live import Live
