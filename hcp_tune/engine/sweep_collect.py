@@ -11,7 +11,6 @@ The Sweeper owns the state these methods use (``store``, ``queue``, ``running``,
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.engine import dispatch
