@@ -9,10 +9,11 @@ predicting a key, each held out from it:
 3. leave one table out: a calibration on the other tables predicts every key of a table
    (the transfer between tables: forward-only rows predicting forward+backward and back).
 
-Per way: Kendall tau per key, the predicted best's measured slowdown, and the band
-(``costmodel.band``: the Q-quantile of pair errors). The group is checked nested: each key's
-group uses the band of the *other* keys' errors, so the band never saw the key it is judged
-on. A measured best is any layout within the source's noise of the fastest (``noise_rel`` of
+Per way: Kendall tau per key, the predicted best's measured slowdown, the band
+(``costmodel.band``: the Q-quantile of pair errors) and its 95% bootstrap interval over keys.
+The group is checked nested: each key's group uses the band of the *other* keys' errors,
+so the band never saw the key it is judged on; for leave one key out doubly nested (each
+other key's error from a fit that saw neither it nor the judged key: K*(K-1) fits). A measured best is any layout within the source's noise of the fastest (``noise_rel`` of
 a row, else ``NOISE_REL``: the yunchang tables give no repeats, 2% is assumed).
 
 Writes ``benchmarks/RESULTS-band.md`` (stamped), the defaults' band into the package
@@ -73,6 +74,19 @@ def main() -> int:
         params, _ = calibrate.fit(train, n_starts=args.starts)
         across += agreement.agreement([r for r in rows if r["table"] == table], params)
     ways["leave one table out"] = across
+    # doubly nested (issue 28): key i's band from the other keys' held-out errors, each
+    # predicted by a fit that saw neither key i nor itself (the single leave-one-key-out
+    # band leaked: key j's error came from a fit that included key i)
+    nested: dict[str, band.Band] = {}
+    for key in order:
+        errs_i = []
+        for other in order:
+            if other == key:
+                continue
+            train = [r for r, k in zip(rows, keys) if k not in (key, other)]
+            params, _ = calibrate.fit(train, n_starts=args.starts)
+            errs_i += agreement.agreement([r for r, k in zip(rows, keys) if k == other], params)
+        nested[key] = band.band_of([(list(k.measured_s), list(k.predicted_s)) for k in errs_i])
 
     out = ["# The cost model's band and the too-close-to-call group (issue 21)\n",
            f"Tables: {', '.join(sorted({r['table'] for r in rows}))} ({len(order)} keys, "
@@ -80,7 +94,7 @@ def main() -> int:
            f"`hcp_tune/costmodel/band.py` and [docs/predicted-band.md](../docs/predicted-band.md)"
            f"; q = {band.Q}; a measured best is any layout within {NOISE_REL:.0%} (assumed "
            "source noise: no repeats published) of the fastest.\n"]
-    shipped, scores = {}, {}
+    shipped, scores, boot = {}, {}, {}
     for way, result in ways.items():
         errs = [(list(k.measured_s), list(k.predicted_s)) for k in result]
         whole = band.band_of(errs, source=way)
@@ -91,7 +105,8 @@ def main() -> int:
                  "within 5% |", "|---|---|---|---|---|---|"]
         hits, sizes8, confident = 0, [], []
         for i, k in enumerate(result):
-            others = band.band_of(errs[:i] + errs[i + 1:])
+            others = nested[k.key] if way == "leave one key out" else \
+                band.band_of(errs[:i] + errs[i + 1:])
             group = band.close_group(dict(zip(k.a2a_sizes, k.predicted_s)), others)
             meas = dict(zip(k.a2a_sizes, k.measured_s))
             best = band.measured_best(meas, noise[k.key])
@@ -108,8 +123,14 @@ def main() -> int:
                          f"{'yes' if hit else '**no**'} | {pick_ok or '(group > 1)'} |")
         near = sum(k.slowdown <= NEAR for k in result)
         mean_tau = sum(k.tau for k in result) / len(result)
-        out.append("Group per key (nested: the band is the other keys'):\n\n" + "\n".join(lines)
-                   + "\n")
+        how = ("doubly nested: the other keys' errors from fits that saw neither them nor "
+               "this key" if way == "leave one key out" else "the band is the other keys'")
+        out.append(f"Group per key ({how}):\n\n" + "\n".join(lines) + "\n")
+        lo, hi = _bootstrap(band, errs)
+        boot[way] = (lo, hi)
+        out.append(f"Bootstrap over keys (2,000 resamples of the {len(errs)} keys, seed 28): "
+                   f"the band's factor lies in [{lo:.3f}, {hi:.3f}] (95%): with this few keys "
+                   "the band itself is uncertain.\n")
         out.append(
             f"**{way}**: band (all keys, q={band.Q}) = {whole.width:.4f} log = factor "
             f"{whole.factor:.3f} over {whole.pairs} pairs (predicted best, other) of {whole.keys} "
@@ -128,7 +149,16 @@ def main() -> int:
     out.append(f"({time.time() - t0:.0f} s)\n")
 
     d = shipped["defaults"]
+    frozen = _frozen_commit()
+    out.append(f"The defaults (`CostParams()`) are frozen at commit {frozen} (the last change "
+               "to hcp_tune/costmodel/formulas.py). They were adjusted after looking at these "
+               "same keys (commits c8064cb, fdbd95f), so the defaults' band above is "
+               "in-sample; a key published after the freeze is the held-out test. The band's "
+               f"domain: {band.DOMAIN['what']}; `predict` gives no band outside it.\n")
     doc = {"written_by": "benchmarks/predicted_band.py (see benchmarks/RESULTS-band.md)",
+           "domain": band.DOMAIN, "defaults_frozen_at": frozen,
+           "bootstrap_over_keys": {w: {"factor_lo": lo, "factor_hi": hi}
+                                   for w, (lo, hi) in boot.items()},
            "defaults": {"pooled": d.as_dict(), "by_class": {"nvlink": d.as_dict()}},
            "leave_one_key_out": {"pooled": shipped["leave one key out"].as_dict()},
            "leave_one_table_out": {"pooled": shipped["leave one table out"].as_dict()}}
@@ -174,6 +204,29 @@ def main() -> int:
     write_results(args.out, "\n".join(out))
     print("\n".join(out))
     return 0
+
+
+def _bootstrap(band, errs: list, n: int = 2000) -> tuple[float, float]:
+    """The 95% interval of the band's factor over resamples of the keys."""
+    import random
+
+    rng = random.Random(28)
+    got = []
+    for _ in range(n):
+        pick = [errs[rng.randrange(len(errs))] for _ in errs]
+        pairs = [e for m, p in pick for e in band.best_pair_errors(m, p)]
+        if pairs:
+            got.append(math.exp(band.quantile(pairs, band.Q)))
+    got.sort()
+    return got[int(0.025 * len(got))], got[min(len(got) - 1, int(0.975 * len(got)))]
+
+
+def _frozen_commit() -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h", "--",
+                           "hcp_tune/costmodel/formulas.py"], capture_output=True,
+                          text=True).stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":

@@ -74,8 +74,40 @@ def cmd_predict(args: list[str]) -> int:
     from hcp_tune.costmodel import predict
 
     cfg = config.load(args)
-    _show(cfg.format, predict.predict_rows(cfg), "print_predict")
+    pred = predict.predict_rows(cfg)
+    pred["measured"] = _measured_first(cfg, pred)
+    if cfg.format != "json":
+        from hcp_tune.outputs.ui import say
+
+        say(*pred["measured"])
+    _show(cfg.format, pred, "print_predict")
     return EXIT_OK
+
+
+def _measured_first(cfg, pred: dict) -> list[str]:
+    """What the results folder measured for the predicted keys, one line a key, and where
+    it contradicts the prediction (a settled measured best the model ranks elsewhere)."""
+    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.outputs import recommend
+
+    lines = []
+    for g in pred["close_groups"]:
+        want = {"cluster": cfg.cluster.name, "model": cfg.model.name, "tp": g["tp"],
+                "pp": cfg.pp, "cp": cfg.cp, "seq": g["seq"], "dp": cfg.dp, "mbs": cfg.mbs}
+        found = recommend.find(ResultStore(cfg.results_dir).recommendations(), want)
+        if not found:
+            continue
+        rec = found[0]
+        best = int(rec["a2a"])
+        ranked = [r["a2a"] for r in pred["candidates"]
+                  if (r["seq"], r["tp"]) == (g["seq"], g["tp"]) and r["fits_memory"]]
+        lines.append(f"MEASURED tp={g['tp']} seq={g['seq']} ({cfg.results_dir}): "
+                     f"[{rec['a2a']},{rec['p2p']}] {recommend.figure_text(rec)}, "
+                     f"{rec.get('verdict') or 'no verdict'}")
+        if rec.get("verdict") == "settled" and ranked and ranked[0] != best:
+            lines.append(f"  the prediction below CONTRADICTS it: the model ranks "
+                         f"[{ranked[0]},{cfg.cp // ranked[0]}] first; trust the measurement")
+    return lines
 
 
 VALIDATE_KEYS = ("config", "cluster", "model", "te_version", "format")

@@ -1,6 +1,7 @@
 """One definition of measurement noise, used wherever hcp-tune asks "is this difference
-real?": early stopping (``trials.should_prune``), the tie verdict of a recommendation
-(``store.recommendations``) and the regression noise floor between software stacks.
+real?" within one trial: early stopping (``trials.should_prune``) and the regression noise
+floor between software stacks. (A recommendation's verdict compares layouts over their
+trials: ``engine/verdict.py``.)
 
 Standard library only: the job side summarises its steps with the same ``percentile``.
 

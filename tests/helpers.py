@@ -90,17 +90,33 @@ TINY = ["model=tiny", "cluster=local", "runner=attention", "runner.warmup_steps=
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
+def pinned_repeats(args) -> list[str]:
+    """A sweep's trials per layout as these tests were written for: one trial a layout
+    unless the test says otherwise (the adaptive default measures each layout at least
+    search.min_repeats=3 times: three times the CI cost); a test that sets search.repeats
+    gets exactly that many (exhaustive) unless it sets search.adaptive itself. The
+    adaptive default is tested with its own arguments (tests/engine/test_sweep_adaptive.py)."""
+    args = list(args)
+    if not args or args[0] != "sweep":
+        return args
+    given = {a.split("=", 1)[0] for a in args if "=" in a}
+    if "search.adaptive" in given or "search.min_repeats" in given:
+        return args
+    if "search.repeats" in given:
+        return [*args, "search.adaptive=false"]
+    return [*args, "search.repeats=1", "search.min_repeats=1"]
+
 def hcp(*args, timeout=600, fault=None):
-    """``python -m hcp_tune ARGS``; ``fault`` plants a test fault in its trials through
-    HCP_TUNE_INJECT_FAULT (``<fault>`` or ``<fault>@<seq>``), never a config key."""
+    """``python -m hcp_tune ARGS`` (``pinned_repeats``); ``fault`` plants a test fault in its
+    trials through HCP_TUNE_INJECT_FAULT (``<fault>`` or ``<fault>@<seq>``), never a config key."""
     env = {**ENV, "HCP_TUNE_INJECT_FAULT": fault} if fault else ENV
-    return subprocess.run([sys.executable, "-m", "hcp_tune", *args], capture_output=True,
-                          text=True, cwd=REPO, env=env, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "hcp_tune", *pinned_repeats(args)],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
 
 def start(*args):
-    return subprocess.Popen([sys.executable, "-m", "hcp_tune", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO, env=ENV,
-                            start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "hcp_tune", *pinned_repeats(args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, env=ENV, start_new_session=True)
 
 def wait_for(predicate, timeout_s=300, what="condition"):
     """Poll ``predicate`` until it holds (bounded); the sweep runs in another process."""

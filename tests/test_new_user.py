@@ -14,8 +14,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 FAST = ["runner.warmup_steps=1", "runner.measure_steps=2"]
+# one trial a layout (the adaptive default measures each at least 3 times: tests/helpers.py)
 SWEEP = ["sweep", "cluster=local", "model=tiny", "cp=2", "seq=256", "runner=attention",
-         "executor=local", *FAST]
+         "executor=local", *FAST, "search.repeats=1", "search.min_repeats=1"]
 
 
 def hcp(cwd: Path, *args: str, timeout: int = 300, fault: str = "") -> subprocess.CompletedProcess:

@@ -120,7 +120,15 @@ class RunnerConfig:
 class SearchConfig:
     """``search=``: which layouts a sweep measures, how often, and when it stops one."""
 
-    repeats: int = _f("trials per layout", max=100)
+    repeats: int = _f("trials per layout; with search.adaptive, the most any layout gets",
+                      max=100)
+    min_repeats: int = _f("search.adaptive: trials every kept layout gets before the "
+                          "undecided ones get more", max=100)
+    adaptive: bool = _f("measure only the layouts not yet separated from the best again, "
+                        "until the key is settled or a tie (false: every layout "
+                        "search.repeats times)")
+    tie_threshold: float = _f("a tie: the leaders' ratio interval inside 1 +- this",
+                              min=0.0, expect="a number in 0..0.5, e.g. 0.02 (2%)")
     early_stop: bool = _f("stop a trial clearly slower than the best so far")
     order_by_prediction: bool = _f("measure in the cost model's predicted order")
     skip_predicted_slower_than: Optional[float] = _f(
@@ -144,6 +152,16 @@ class SearchConfig:
     def __post_init__(self) -> None:
         if self.purpose == "regress":  # every trial of a regress sweep is measured in full
             object.__setattr__(self, "early_stop", False)
+
+    def __post_init__(self) -> None:
+        if self.tie_threshold > 0.5:
+            raise ConfigError(f"search.tie_threshold={self.tie_threshold}: expected a number "
+                              "in 0..0.5, e.g. 0.02 (2%)")
+        if self.adaptive and self.min_repeats > self.repeats:
+            raise ConfigError(
+                f"search.min_repeats={self.min_repeats} is above search.repeats="
+                f"{self.repeats}: expected min_repeats <= repeats (repeats is the most any "
+                f"layout gets), e.g. search.repeats={self.min_repeats}")
 
 
 @dataclass(kw_only=True, frozen=True)

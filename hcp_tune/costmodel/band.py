@@ -24,9 +24,15 @@ The group. Among the layouts predicted to fit in memory, those whose predicted t
 within ``exp(band)`` of the predicted best: the measured best lies among them unless its
 pair error with the predicted best exceeds the band (the predicted best is the group's
 first). A group of one is a confident pick.
+
+The domain. The band was measured on keys of one kind (``DOMAIN``: 8x A100 NVLink, one
+node, attention only); it says nothing of a key outside (``domain_gaps``: another GPU or
+hardware class, a CPU profile, a key spanning nodes, a full training step). There the
+group is every layout that fits, never a confident pick.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -48,6 +54,7 @@ class Band:
     keys: int = 0
     pairs: int = 0
     source: str = ""
+    own: bool = False  # a calibration's own band, from the user's cluster: not the shipped domain
 
     @property
     def factor(self) -> float:
@@ -120,6 +127,40 @@ def hardware_class(cluster: Any) -> str:
     return "pcie" if getattr(cluster, "node_aggregate_bw_gbs", None) else "nvlink"
 
 
+# Where the shipped band was checked (bands.json "domain", written by predicted_band.py):
+# its keys' GPUs, hardware class, nodes and what was timed. A key outside it gets no band.
+DOMAIN = {"gpus": ["A100"], "classes": ["nvlink"], "nodes": "single", "step": "attention",
+          "what": "8x A100 NVLink, one node, attention only"}
+
+
+def domain() -> dict[str, Any]:
+    """The shipped band's domain (``DOMAIN`` unless bands.json records one)."""
+    text = resources.files("hcp_tune.costmodel").joinpath("data", SHIPPED).read_text()
+    return {**DOMAIN, **json.loads(text).get("domain", {})}
+
+
+def domain_gaps(cluster: Any, *, gpus: int, training_step: bool,
+                dom: dict[str, Any] | None = None) -> list[str]:
+    """What puts a key outside the band's domain, in words (empty: inside). ``gpus``: the
+    key's tp*cp*dp*pp; ``training_step``: a full step is predicted (runner=bridge, or pp >
+    1), not the attention the band's keys timed."""
+    dom = dom or domain()
+    gaps = []
+    name = str(getattr(cluster, "gpu_name", "") or "")
+    if getattr(cluster, "device", "cuda") != "cuda":
+        gaps.append("CPU profiles (the band's keys are GPUs)")
+    elif name.split("-")[0] not in dom["gpus"]:
+        gaps.append(f"{name or 'this GPU'}")
+    if getattr(cluster, "device", "cuda") == "cuda" and hardware_class(cluster) not in dom["classes"]:
+        gaps.append(f"{hardware_class(cluster)} nodes")
+    per_node = int(getattr(cluster, "gpus_per_node", 0) or 0)
+    if dom["nodes"] == "single" and per_node and gpus > per_node:
+        gaps.append(f"cross-node keys ({gpus} GPUs > {per_node} per node)")
+    if dom["step"] == "attention" and training_step:
+        gaps.append("training steps")
+    return gaps
+
+
 def _band(doc: dict[str, Any], what: str) -> Band:
     return Band(width=float(doc["width_log"]), q=float(doc["q"]), keys=int(doc["keys"]),
                 pairs=int(doc["pairs"]), source=what)
@@ -147,7 +188,8 @@ def of_calibration(doc: dict[str, Any]) -> Band | None:
     b = doc.get("fit", {}).get("band")
     if not b or b["keys"] < MIN_KEYS:
         return None
-    return _band(b, f"this calibration's band on {b['keys']} measured keys (in-sample)")
+    return dataclasses.replace(
+        _band(b, f"this calibration's band on {b['keys']} measured keys (in-sample)"), own=True)
 
 
 def of_rows(per_row: list[dict[str, Any]], *, q: float = Q, source: str = "") -> Band | None:

@@ -10,7 +10,8 @@
   smallest change that would (``memory.advice``).
 - ``close_groups(cfg, rows, band)``: per (seq, tp) key, the layouts predicted to fit whose
   predicted time is within the model's band of the best (``costmodel.band``): too close to
-  call, with the ``sweep`` command that measures exactly them (``settle_command``).
+  call, with the ``sweep`` command that measures exactly them (``settle_command``); for a
+  key outside the band's domain (``band.domain_gaps``), every layout that fits.
 - ``resolve_runner(name, command=)``: ``runner=auto`` -> model (no GPU, no SLURM) or
   attention for ``sweep``; always attention for ``trial``, which measures.
 
@@ -93,13 +94,19 @@ def close_groups(cfg: SweepConfig, rows: list[dict[str, Any]], b: band.Band) -> 
         if r["fits_memory"]:
             keys.setdefault((r["seq"], r["tp"]), {})[r["a2a"]] = r["predicted_step_time_s"]
     out = []
+    training = cfg.runner.name == "bridge" or cfg.pp > 1
     for (seq, tp), times in keys.items():
-        group = band.close_group(times, b)
+        gaps = [] if b.own else band.domain_gaps(cfg.cluster, gpus=tp * cfg.cp * cfg.dp * cfg.pp,
+                                                 training_step=training)
+        # outside the band's domain: no band; every layout that fits is to be measured
+        group = sorted(times, key=times.get) if gaps else band.close_group(times, b)
         out.append({"seq": seq, "tp": tp, "a2a_sizes": group,
-                    "p2p_sizes": [cfg.cp // a for a in group], "confident": len(group) == 1,
+                    "p2p_sizes": [cfg.cp // a for a in group],
+                    "confident": len(group) == 1 and not gaps,
+                    "not_validated": ", ".join(gaps),
                     "band_factor": b.factor,
                     "settle_command": settle_command(cfg, seq, tp, group) if len(group) > 1
-                    else None})
+                    or gaps else None})
     return out
 
 

@@ -99,6 +99,12 @@ def trial_cost(cfg: Any, cand: Any, prediction: Any, per_job: int = 1) -> TrialC
                      runs=len(ms))
 
 
+def first_repeats(search: Any) -> int:
+    """Trials per layout a sweep plans at its start: ``search.min_repeats`` with
+    ``search.adaptive`` (more follow only for undecided layouts), else ``search.repeats``."""
+    return search.min_repeats if search.adaptive else search.repeats
+
+
 def costs_by_layout(cfg: Any, ordered: list[tuple[Any, Any]]) -> dict[tuple[int, int, int], TrialCost]:
     """(tp, seq, a2a) -> TrialCost, from ``predict.ordering``'s (candidate, prediction);
     a job's start-up is shared as ``executor.trials_per_job`` will pack the trials."""
@@ -108,7 +114,7 @@ def costs_by_layout(cfg: Any, ordered: list[tuple[Any, Any]]) -> dict[tuple[int,
     slots, setting = job_slots(cfg), cfg.executor.trials_per_job
     return {(c.tp, c.seq, c.layout.a2a): trial_cost(
                 cfg, c, p, trials_per_job(setting, per_world[c.tp * c.cp]
-                                          * cfg.search.repeats, slots))
+                                          * first_repeats(cfg.search), slots))
             for c, p in ordered}
 
 

@@ -27,7 +27,7 @@ KEY_FIELDS = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "env_tag", 
 OLDER_ROW_DEFAULTS: dict[str, Any] = {"pp": 1, "dp": 1, "mbs": 1, "micro_batches": 1}
 # Rows written before the version existed have none and read as version 1.
 ROW_SCHEMA = 1
-RECOMMENDATION_SCHEMA = 1
+RECOMMENDATION_SCHEMA = 2  # 2: median_s is the layout's figure; its interval, verdict
 VERIFICATION_SCHEMA = 1
 
 
@@ -195,12 +195,29 @@ class Recommendation:
     a2a: int
     p2p: int
     comm_type: str
+    # the best layout's figure (engine/verdict.py): the median of its verified ok trials'
+    # medians, its 95% bootstrap interval over those trials (empty with one trial) and
+    # their count. Schema 1 files held the fastest trial's median here and read with no
+    # interval and n_trials 0 (unknown).
     median_s: float
+    ci_lo_s: Optional[float] = None
+    ci_hi_s: Optional[float] = None
+    n_trials: int = 0
+    # settled | tie | unsettled (engine/verdict.py); "" in a schema 1 file
+    verdict: str = ""
     peak_mem_bytes: Optional[int] = None
     runner_up: str = ""  # "[a2a,p2p]" of the second fastest layout
-    runner_up_median_s: Optional[float] = None
-    margin: Optional[float] = None  # runner-up median / best median - 1
-    tie: bool = False  # the margin is within the two layouts' noise
+    runner_up_median_s: Optional[float] = None  # its figure
+    ratio_ci_lo: Optional[float] = None  # the 95% interval of runner-up figure / best's
+    ratio_ci_hi: Optional[float] = None
+    margin: Optional[float] = None  # runner-up figure / best figure - 1
+    tie: bool = False  # verdict == "tie" (schema 1: the margin within one trial's noise)
+    # tie: the tied layouts ("[2,2] [4,1]") and the one of them with the least peak memory
+    tied: str = ""
+    lighter: str = ""
+    # unsettled: the layouts still to measure and how many more trials each needs
+    undecided: str = ""
+    more_trials: Optional[int] = None
     speedup_vs_p2p: Optional[float] = None
     speedup_vs_a2a: Optional[float] = None
     trials: int = 0
@@ -224,8 +241,11 @@ class Recommendation:
         _check_version(d, RECOMMENDATION_SCHEMA, "recommendation", where)
         known, _ = _split(cls, d)
         known.update({k: key_field(known, k) for k in OLDER_ROW_DEFAULTS})
-        if known.get("pareto") is None:
-            known["pareto"] = ""
+        for text in ("pareto", "verdict", "tied", "lighter", "undecided"):
+            if known.get(text) is None:
+                known[text] = ""
+        if known.get("n_trials") is None:
+            known["n_trials"] = 0
         return cls(**{**known, "schema_version": RECOMMENDATION_SCHEMA})
 
 

@@ -1,158 +1,53 @@
-"""``sweep``: measure every kept layout of every sweep key and rank them.
+"""``sweep``: measure the kept layouts of every sweep key until each key's ranking is
+settled or a tie (or every layout has ``search.repeats`` trials), and rank them.
 
 The loop: for each key (tp, seq) an optuna study (``tuner``) asks for layouts; each trial
 becomes a ``TrialSpec`` and a submitit job (``dispatch``; runner=bridge measures a trial by
-two runs, at m = pp and 3*pp micro-batches, in the same job, and combines them into one
-result at the user's m: ``trials.point_specs``, ``trials.combine``); results come back as
-``TrialResult`` data, are stored the moment they arrive (``store``), told to the study,
-and shown live (``ui``). Up to ``array_parallelism`` trials run at once; the first batch
-goes out as one job array, later ones one by one as slots free up, so no batch waits for
-its slowest member. A running trial whose steps are clearly slower than the best so far is
-stopped (early stopping, the rule in ``should_prune``). Re-running the same command
+several runs at different m in the same job and combines them into one result at the
+user's m: ``sweep_collect``); results come back as ``TrialResult`` data, are stored the
+moment they arrive (``store``), told to the study, and shown live (``ui``). Up to
+``array_parallelism`` trials run at once; the first batch goes out as one job array, later
+ones one by one as slots free up, so no batch waits for its slowest member. A running
+trial whose steps are clearly slower than the best layout's figure is stopped (early
+stopping, the rule in ``should_prune``; the best layout's own repeats never are: that
+would bias its figure). With ``search.adaptive`` (the default) every layout first gets
+``search.min_repeats`` trials, then only the undecided ones get more, a round at a time
+(``sweep_adaptive.next_round``, decided from the stored rows). Re-running the same command
 resumes: stored trials are not re-run and submitted ones are re-attached by job id. What
 to run, in which order, and what to resume, skip or re-attach is decided in one pure
-function (``sweep_plan.plan_sweep``); the ``Sweeper`` gathers its inputs and does the I/O.
+function (``sweep_plan.plan_sweep``); the ``Sweeper`` gathers its inputs and does the I/O,
+its collecting half in ``sweep_collect``; its records are in ``sweep_jobs``.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.config import SweepConfig
-from hcp_tune.costmodel.microbatch import measure_points
-from hcp_tune.engine import budget, dispatch, housekeeping, sweep_plan
+from hcp_tune.engine import budget, dispatch, housekeeping, sweep_adaptive, sweep_plan, verdict
 from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
-from hcp_tune.engine.sweep_plan import SweepPlan, failure_label, kept_by_key, plan_sweep
-from hcp_tune.engine.trials import (
-    combine,
-    failed_from_job,
-    partial_result,
-    point_fields,
-    point_specs,
-    prune_reference,
-    read_progress,
-    read_result,
-    running_point,
-    should_prune,
-    spec_for,
+from hcp_tune.engine.sweep_collect import Collector
+from hcp_tune.engine.sweep_jobs import (  # noqa: F401  (re-exported: sweep's old names)
+    Member,
+    Running,
+    SweepSummary,
+    Work,
+    runs_as_steps,
 )
-from hcp_tune.errors import ConfigError
+from hcp_tune.engine.sweep_plan import SweepPlan, kept_by_key, plan_sweep
+from hcp_tune.engine.trials import spec_for
 
 # the jobs' payloads, both executors: on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.payload import batch_payload, steps_payload
 from hcp_tune.space.layout import Candidate
-from hcp_tune.spec import (
-    FailureClass,
-    Status,
-    TrialResult,
-    TrialSpec,
-    atomic_write_text,
-)
+from hcp_tune.spec import Status, TrialResult, TrialSpec
 
 POLL_INTERVAL_S = 1.0  # how often the orchestrator polls jobs and progress files
 
 
-def _count(counts: dict, key: Any, label: str) -> None:
-    per_key = counts.setdefault(key, {})
-    per_key[label] = per_key.get(label, 0) + 1
-
-
-@dataclass
-class Member:
-    """One trial of a running batch job: its spec (the key's m), and the runs that measure
-    it (``trials.point_specs``: runner=bridge runs each layout at two m, in order, in the
-    same job; any other trial is one run, its spec)."""
-
-    key: SweepKey
-    study: Any
-    number: int
-    spec: TrialSpec
-    cand: Optional[Candidate] = None
-    kept: list[Candidate] = field(default_factory=list)
-    done: bool = False  # its outcome is stored
-    stopping: bool = False  # its stop file is written (early stop)
-    points: list[TrialSpec] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.points:
-            self.points = point_specs(self.spec)
-
-    def results(self, by_id: Optional[dict[str, TrialResult]] = None
-                ) -> list[Optional[TrialResult]]:
-        """Each run's result so far (its file, or what the job returned), in run order."""
-        by_id = by_id or {}
-        return [read_result(p) or by_id.get(p.trial_id) for p in self.points]
-
-
-@dataclass
-class Running:
-    """A job and the trials it runs, in order, in the same processes."""
-
-    members: list[Member]
-    handle: dispatch.JobHandle
-    state: str = "pending"
-
-    def open(self) -> list[Member]:
-        return [m for m in self.members if not m.done]
-
-
-@dataclass
-class Work:
-    key: SweepKey
-    study: Any
-    cand: Candidate
-    kept: list[Candidate]
-
-
-@dataclass
-class SweepSummary:
-    stored: int = 0
-    by_status: dict[str, int] = field(default_factory=dict)
-    resumed: int = 0
-    reattached: int = 0
-    pruned: int = 0
-    aborted: str = ""  # why the sweep stopped submitting early, if it did
-    pruned_saved_steps: int = 0
-    recommendations: list[dict[str, Any]] = field(default_factory=list)
-    keys: list[SweepKey] = field(default_factory=list)  # every key with a kept layout
-    # per key, by failure class (or "invalid"): what this run measured without a usable
-    # result, and the stored failures kept from earlier runs that search.retry would redo
-    failures: dict[SweepKey, dict[str, int]] = field(default_factory=dict)
-    kept_failures: dict[SweepKey, dict[str, int]] = field(default_factory=dict)
-    retried: int = 0  # stored failures measured again because of search.retry
-    requeued: int = 0  # trials a broken batch never ran, sent again in a new job
-    estimate: str = ""  # what the planned trials will cost, estimated (budget.Estimate.text)
-    budget_stop: str = ""  # why search.budget_gpu_hours stopped submitting, if it did
-    retry: str = "none"  # search.retry as given
-
-    def kept_failures_total(self) -> dict[str, int]:
-        total: dict[str, int] = {}
-        for counts in self.kept_failures.values():
-            for label, n in counts.items():
-                total[label] = total.get(label, 0) + n
-        return total
-
-
-def runs_as_steps(cfg: SweepConfig) -> bool:
-    """``executor.batch``: whether a job runs each trial's runs as steps in fresh processes
-    (``auto``: for runner=bridge). Raises ``ConfigError`` for a runner=bridge sweep in one
-    process set whose trials are two Bridge runs (Bridge runs once per process set)."""
-    batch, runner = cfg.executor.batch, cfg.runner.name
-    steps = batch == "steps" or (batch == "auto" and runner == "bridge")
-    points = measure_points(cfg.pp, cfg.micro_batches)
-    if runner == "bridge" and not steps and len(points) > 1:
-        raise ConfigError(
-            f"executor.batch={batch} with runner=bridge: each layout is measured by "
-            f"{len(points)} Bridge runs (m={' and '.join(map(str, points))} micro-batches, "
-            "then ranked at the user's m), and Bridge runs one per process set; use "
-            "executor.batch=steps (or auto)")
-    return steps
-
-
-class Sweeper:
+class Sweeper(Collector):
     """One sweep run: plans the work, keeps the slots full, stores every outcome."""
 
     def __init__(self, cfg: SweepConfig, reporter: Any, *,
@@ -190,7 +85,14 @@ class Sweeper:
         self.queue: list[Work] = []
         self.running: list[Running] = []
         self.summary = SweepSummary(retry=str(cfg.search.retry))
-        self.best: dict[str, dict[str, Any]] = {}  # key name -> best ok row
+        self.best: dict[str, dict[str, Any]] = {}  # key name -> the best layout's median row
+        self.usable: dict[str, list[dict[str, Any]]] = {}  # key name -> its usable rows
+        self.adaptive = cfg.search.adaptive
+        self.ended: set[tuple[SweepKey, int]] = set()  # layouts whose trial failed this run
+        if self.adaptive:
+            self.summary.adaptive_note = (
+                f"search.adaptive: {cfg.search.min_repeats} per layout first, then more only "
+                f"for layouts not yet separated from the best, up to {cfg.search.repeats}")
 
     # ---------------------------------------------------------------- planning / resume
     def key_for(self, cand: Candidate) -> SweepKey:
@@ -269,10 +171,60 @@ class Sweeper:
         self.reporter.trial(spec, "skipped", skip["reason"])
 
     def _note_best(self, key: SweepKey, row: dict[str, Any]) -> None:
-        if row["status"] == Status.OK.value and row.get("median_s"):
-            cur = self.best.get(key.name)
-            if cur is None or row["median_s"] < cur["median_s"]:
-                self.best[key.name] = row
+        """The key's best so far: the median trial of the layout with the lowest figure
+        (``verdict.figures``), what early stopping compares with."""
+        if not verdict.usable(row):
+            return
+        rows = self.usable.setdefault(key.name, [])
+        rows.append(row)
+        self.best[key.name] = verdict.figures(rows, intervals=False)[0].row
+
+    def prunable(self, member: Member) -> bool:
+        """Early stopping never stops a trial of the best layout: its slower repeats would
+        leave its figure biased fast."""
+        best = self.best.get(member.key.name)
+        return best is None or (best["a2a"], best["p2p"]) != (member.spec.a2a, member.spec.p2p)
+
+    # ---------------------------------------------------------------- adaptive rounds
+    def stored(self, member: Member, row: dict[str, Any]) -> None:
+        if not self.adaptive:
+            return
+        if row["status"] in (Status.FAILED.value, Status.INVALID.value, Status.CANCELLED.value):
+            # not measured again in this run (as an exhaustive sweep would not): the next
+            # run does, by its plan and search.retry
+            self.ended.add((member.key, member.spec.a2a))
+        if row["status"] == Status.PRUNED.value and not str(row.get("error") or "").startswith(
+                "cancelled"):  # it lost: its queued repeats would lose again
+            a2a = member.spec.a2a
+            self.queue = [w for w in self.queue
+                          if not (w.key == member.key and w.cand.layout.a2a == a2a)]
+        if not self.summary.aborted and not self.summary.budget_stop:
+            self._next_round(member.key)
+
+    def _pending(self, key: SweepKey) -> bool:
+        return (any(w.key == key for w in self.queue)
+                or any(m.key == key for run in self.running for m in run.open()))
+
+    def _next_round(self, key: SweepKey) -> None:
+        """Once none of the key's trials is queued or running: decide from its stored rows
+        (``sweep_adaptive.next_round``) and queue one more trial of each undecided layout,
+        or note the key's verdict."""
+        if key not in self.studies or self._pending(key):
+            return
+        kept = self.planned.kept[key] if self.planned else []
+        if self.only is not None:
+            kept = [c for c in kept if c.layout.a2a in self.only.get((c.tp, c.seq), set())]
+        rows = self.store.key_rows(key)
+        s = self.cfg.search
+        more = sweep_adaptive.next_round(rows, [c.layout.a2a for c in kept],
+                                         min_repeats=s.min_repeats, repeats=s.repeats,
+                                         tie_threshold=s.tie_threshold)
+        more = [a for a in more if (key, a) not in self.ended]
+        by_a2a = {c.layout.a2a: c for c in kept}
+        self.queue.extend(Work(key, self.studies[key], by_a2a[a], kept) for a in more)
+        self.summary.adaptive_rounds += len(more)
+        if not more:
+            self.summary.verdicts[key] = verdict.decide(rows, s.tie_threshold).kind
 
     # ---------------------------------------------------------------- submission
     def _executor(self, spec: TrialSpec, trials: int):
@@ -389,172 +341,13 @@ class Sweeper:
                 m.study.submitted(m.number, handle.job_id, handle.executor, str(handle.folder))
                 self.reporter.trial(m.spec, "submitted", f"job {handle.job_id}")
 
-    # ---------------------------------------------------------------- collection
-    def record(self, run: Running, member: Member, result: TrialResult,
-               results: Optional[list[Optional[TrialResult]]] = None) -> None:
-        """Store a trial's outcome; ``results``: its runs' (``Member.results``), whose m,
-        medians and fit the row carries when it has several."""
-        member.done = True
-        result.job_id = result.job_id or run.handle.job_id
-        if not result.log_path:
-            result.log_path = str(dispatch.job_paths(run.handle)[1])
-        micro = point_fields(member.spec, member.points,
-                             results if results is not None else [None] * len(member.points))
-        row = trial_row(member.key, member.spec, result, micro=micro)
-        self.store.add(row, member.key)  # the view first: a rebuild imports it if we die now
-        values = (result.median_s, float(result.peak_mem_bytes or 0)) if result.median_s else None
-        member.study.tell(member.number, result.status, values, row=row)
-        self._note_best(member.key, row)
-        self.summary.stored += 1
-        not_run = len(self.queue) + len(run.open())  # queued, and the rest of its batch
-        if result.failure_class is FailureClass.ENVIRONMENT and not_run and not self.summary.aborted:
-            # the same software stack runs every trial: the rest would fail the same way (the
-            # batch's unrun trials are not requeued either: ``requeue``)
-            self.summary.aborted = (
-                f"stopped submitting after an environment failure ({result.error}); "
-                f"{not_run} trial(s) not run: fix the environment and run the same "
-                "command again to resume")
-            self.queue.clear()
-        if result.status is Status.PRUNED and not (result.error or "").startswith("cancelled"):
-            self.summary.pruned += 1
-            ran = len(result.step_times_s)
-            if len(member.points) > 1:  # every run's measured steps (later runs: none)
-                ran = sum(len(r.step_times_s) for r in results or [] if r is not None)
-            self.summary.pruned_saved_steps += max(
-                0, member.spec.measure_steps * len(member.points) - ran)
-        s = result.status.value
-        self.summary.by_status[s] = self.summary.by_status.get(s, 0) + 1
-        label = failure_label(row)
-        if label:
-            _count(self.summary.failures, member.key, label)
-        detail = f"median {result.median_s:.4g} s" if result.median_s else (result.error or "")
-        if result.failure_class:
-            detail = f"{result.failure_class.value}: {detail}"
-        self.reporter.trial(member.spec, s, detail, best=self.best.get(member.key.name))
-
-    def requeue(self, member: Member) -> None:
-        """A trial its batch never ran (the processes broke before it): back to the front
-        of the queue, as a new optuna trial; the unrun one ends FAIL, marked not run."""
-        member.done = True
-        member.study.not_run(member.number)
-        if self.summary.aborted:
-            return  # an environment failure stopped the sweep: the next run measures it
-        self.queue.insert(0, Work(member.key, member.study, member.cand, member.kept))
-        self.summary.requeued += 1
-        self.reporter.trial(member.spec, "requeued", "not run: its batch ended before it")
-
-    def _collect_landed(self, run: Running, finished: bool) -> None:
-        """Results the job wrote so far (a trial's once its runs decide it: ``combine``).
-        A FAILED one waits for the job's end, when the peers' result files (a root cause,
-        ``read_result``) are in. A run that did not end ok ends its trial: the stop file
-        keeps the trial's later runs from starting."""
-        for m in run.open():
-            results = m.results()
-            self._stop_after_failed_run(m, results)
-            res = combine(m.spec, m.points, results)
-            if res is None:
-                continue  # not yet, or not run (decided when the job ends)
-            if res.status is Status.FAILED and not finished:
-                continue
-            self.record(run, m, res, results)
-
-    def _stop_after_failed_run(self, member: Member, results: list[Optional[TrialResult]]
-                               ) -> None:
-        if member.stopping or len(member.points) == 1 or results[-1] is not None:
-            return
-        for p, r in zip(member.points, results):
-            if r is not None and r.status not in (Status.OK, Status.SKIPPED):
-                member.stopping = True
-                atomic_write_text(member.spec.stop_path, (
-                    f"not run: the run at m={p.micro_batches} ended {r.status.value}"))
-                return
-
-    def _finish(self, run: Running, out: dispatch.JobOutcome) -> None:
-        """The job ended: store what it returned or wrote; the trial it was running when it
-        ended without a result gets the job's verdict; trials it never ran go back to the
-        queue (or, when the job was ended from outside, are ``cancelled`` with it)."""
-        returned = out.result if out.state == dispatch.JobState.DONE else None
-        if isinstance(returned, TrialResult):
-            returned = [returned]
-        by_id = {r.trial_id: r for r in (returned or []) if isinstance(r, TrialResult)}
-        for m in run.open():  # read_result merges a peer's root cause
-            results = m.results(by_id)
-            res = combine(m.spec, m.points, results)
-            if res is not None:
-                self.record(run, m, res, results)
-        verdict: Optional[TrialResult] = None
-        for m in run.open():
-            if any(r is not None and r.status is Status.SKIPPED for r in m.results(by_id)):
-                self.requeue(m)  # SKIPPED by the job: an earlier trial broke the processes
-            elif verdict is None or verdict.status is Status.CANCELLED:
-                verdict = failed_from_job(m.spec, out)
-                self.record(run, m, verdict, m.results(by_id))
-            else:
-                self.requeue(m)
-
-    def poll(self) -> None:
-        outcomes = dispatch.poll_all([r.handle for r in self.running])
-        still = []
-        for run, out in zip(self.running, outcomes):
-            self._collect_landed(run, out.finished)
-            if out.finished:
-                self._finish(run, out)
-                continue
-            if out.state.value != run.state:
-                run.state = out.state.value
-                for m in run.open():
-                    self.reporter.trial(m.spec, run.state, f"job {run.handle.job_id}")
-            if self.early_stop:
-                for m in run.open():
-                    self._prune(m)
-            if run.open():
-                still.append(run)
-        self.running = still
-
-    def _prune(self, member: Member) -> bool:
-        """Early stop: write the trial's stop file; the job ends it PRUNED at its next step
-        and goes on with the batch's next trial. True when the stop file was written."""
-        if member.stopping:
-            return False
-        point = running_point(member.points, [read_result(p) for p in member.points])
-        steps = read_progress(point.progress_path)
-        if len(steps) >= point.measure_steps:
-            return False  # measuring is over: stopping now saves nothing, the result is coming
-        # a Bridge run at m micro-batches is compared with the best layout's step at that m
-        m = point.micro_batches if point.runner == "bridge" else None
-        ref = prune_reference(self.best.get(member.key.name), m, member.key.micro_batches)
-        if not should_prune(steps, ref):
-            return False
-        at = f" at m={m}" if m is not None and len(member.points) > 1 else ""
-        member.stopping = True
-        atomic_write_text(member.spec.stop_path, (
-            f"stopped early: fastest of {len(steps)} steps{at} {min(steps):.4g} s > best "
-            f"median {ref['median_s']:.4g} s beyond its noise"))
-        return True
-
-    def cancel_all(self) -> None:
-        """Ctrl-C: stop every outstanding trial (stop files, then cancel the jobs) and
-        record each as cancelled; the next run measures them again."""
-        reason = "cancelled by the user (Ctrl-C)"
-        for run in self.running:
-            for m in run.open():
-                atomic_write_text(m.spec.stop_path, reason)
-        dispatch.cancel([r.handle for r in self.running])
-        for run in self.running:
-            for m in run.open():
-                results = m.results()
-                point = running_point(m.points, results)
-                steps = read_progress(point.progress_path)
-                res = partial_result(m.spec, Status.CANCELLED, steps, reason)
-                if len(m.points) > 1:
-                    res.median_s = None  # steps at a run's m, not at the user's
-                self.record(run, m, res, results)
-        self.running = []
-
     # ---------------------------------------------------------------- the loop
     def run(self) -> SweepSummary:
         if self.planned is None:
             self.plan()
+        if self.adaptive:  # a resumed key whose min_repeats are in: its next round now
+            for key in list(self.studies):
+                self._next_round(key)
         self.reporter.start(len(self.queue) + sum(len(r.members) for r in self.running),
                             self.summary)
         try:

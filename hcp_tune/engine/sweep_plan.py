@@ -20,7 +20,7 @@ from hcp_tune.costmodel import predict
 from hcp_tune.costmodel.formulas import CostParams
 from hcp_tune.costmodel.microbatch import measure_points
 from hcp_tune.costmodel.memory import advice_line
-from hcp_tune.engine import budget
+from hcp_tune.engine import budget, sweep_adaptive
 from hcp_tune.engine.store import SweepKey
 from hcp_tune.engine.store import key_rows as select_rows
 from hcp_tune.space.host_memory import plan_host_memory
@@ -154,11 +154,12 @@ class SweepPlan:
 
 def _resume(key_rows: list[dict[str, Any]], retry: frozenset[str], repeats: int
             ) -> tuple[dict[int, int], dict[str, int], int]:
-    """Stored trials that stand, per a2a size; the kept failures by label; how many stored
-    failures are measured again. Cancelled trials and environment failures (fixed by the
-    user, then resumed) are measured again, and so are the failures ``search.retry``
-    names; every other stored outcome stands. A kept failure is counted when its layout
-    has nothing better stored, so the user hears of the option."""
+    """Per a2a size, the stored trials that count toward ``repeats`` (``repeats`` for a
+    layout out of the running: ``sweep_adaptive``); the kept failures by label; how many
+    stored failures are measured again. Cancelled trials and environment failures (fixed
+    by the user, then resumed) are measured again, and so are the failures
+    ``search.retry`` names; every other stored outcome stands. A kept failure is counted
+    when its layout has nothing better stored, so the user hears of the option."""
     done: dict[int, int] = {}
     kept: dict[int, list[str]] = {}
     retried: dict[int, int] = {}
@@ -172,9 +173,14 @@ def _resume(key_rows: list[dict[str, Any]], retry: frozenset[str], repeats: int
         done[r["a2a"]] = done.get(r["a2a"], 0) + 1
         if label:
             kept.setdefault(r["a2a"], []).append(label)
+    standing = [r for r in key_rows if r["status"] != Status.CANCELLED.value
+                and failure_label(r) not in (*retry, FailureClass.ENVIRONMENT.value)]
+    out = sweep_adaptive.closed(standing, repeats)
+    have = sweep_adaptive.usable_counts(standing)
+    done = {a2a: repeats if a2a in out else have.get(a2a, 0) for a2a in done}
     counts: dict[str, int] = {}
     for a2a, labels in kept.items():
-        usable = done[a2a] - len(labels)
+        usable = have.get(a2a, 0)
         for label in labels[len(labels) - max(0, min(len(labels), repeats - usable)):]:
             counts[label] = counts.get(label, 0) + 1
     n_retried = sum(min(n, max(0, repeats - done.get(a2a, 0))) for a2a, n in retried.items())
@@ -204,6 +210,9 @@ def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
     advice = [advice_line(a, cfg.cluster.gpu_memory_gib, "sweep")
               for a in predict.fit_advice(cfg, ordered, params)]
     retry = retry_labels(s.retry)
+    # search.adaptive: every layout gets min_repeats now; the sweep adds rounds for the
+    # undecided ones as results come in (sweep_adaptive.next_round)
+    target = budget.first_repeats(s)
     kept = kept_by_key(cfg, cands)
     queue: list[Planned] = []
     skipped: list[Skip] = []
@@ -213,8 +222,9 @@ def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
     resumed = retried = 0
     for key, layouts in kept.items():
         key_rows = stored[key] = select_rows(stored_rows, key)
-        done, failures, n_retried = _resume(key_rows, retry, s.repeats)
-        resumed += sum(done.values())
+        done, failures, n_retried = _resume(key_rows, retry, target)
+        resumed += sum(1 for r in key_rows if r["status"] != Status.CANCELLED.value
+                       and failure_label(r) not in (*retry, FailureClass.ENVIRONMENT.value))
         retried += n_retried
         if failures:
             kept_failures[key] = failures
@@ -233,8 +243,8 @@ def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
             skip = skips.get((cand.tp, cand.seq, cand.layout.a2a))
             if skip and not done.get(cand.layout.a2a):
                 skipped.append(Skip(key, cand, skip["reason"], skip["predicted"]["step_time_s"]))
-                done[cand.layout.a2a] = s.repeats
-        for _ in range(s.repeats):  # a repeat is another trial, after every layout's first
+                done[cand.layout.a2a] = target
+        for _ in range(target):  # a repeat is another trial, after every layout's first
             for cand in layouts:
                 if done.get(cand.layout.a2a, 0) > 0:
                     done[cand.layout.a2a] -= 1
@@ -297,9 +307,10 @@ def sweep_notes(cfg: SweepConfig, costs: dict[LayoutId, budget.TrialCost]) -> li
 
 
 def sweep_estimate(cfg: SweepConfig, cands: list[Candidate]) -> dict[str, Any]:
-    """What measuring every kept layout ``search.repeats`` times would cost (an estimate)."""
+    """What measuring every kept layout ``budget.first_repeats`` times would cost (an
+    estimate; an adaptive sweep adds trials only for undecided layouts)."""
     per = budget.costs_by_layout(cfg, predict.ordering(cfg, cands))
-    costs = [c for c in per.values() for _ in range(cfg.search.repeats)]
+    costs = [c for c in per.values() for _ in range(budget.first_repeats(cfg.search))]
     est = budget.estimate(costs)
     return {"trials": est.trials, "node_hours": est.node_hours, "gpu_hours": est.gpu_hours,
             "label": "estimate", "text": est.text(cfg.cluster.device == "cpu")}

@@ -4,7 +4,7 @@
 What belongs here: pure functions of rows, no files. A cell's text depends on its value
 alone (``csv_cell``), so a key's lines can be derived on their own and spliced into the
 tables (``table_entry``; ``store.ResultStore.rebuild`` does the splicing and the files);
-``read_cell`` reads a cell back. ``rank`` orders one key's verified trials;
+``read_cell`` reads a cell back. ``rank`` orders one key's layouts by their figures (``verdict``);
 ``recommendations`` makes one recommendation per key; ``missing_layouts`` says which of a
 key's layouts still lack a valid measurement.
 """
@@ -16,6 +16,7 @@ import math
 from typing import Any, Optional
 
 from hcp_tune.costmodel.microbatch import tokens_per_gpu_s
+from hcp_tune.engine import verdict
 from hcp_tune.engine.records import (
     KEY_FIELDS,
     RECOMMENDATION_COLUMNS,
@@ -24,11 +25,10 @@ from hcp_tune.engine.records import (
     SweepKey,
     key_field,
 )
-from hcp_tune.noise import row_noise
 
 
 _TEXT_CELLS = frozenset({"cluster", "model", "runner", "env_tag", "comm_type", "runner_up",
-                         "missing", "pareto"})
+                         "missing", "pareto", "verdict", "tied", "lighter", "undecided"})
 
 
 def read_cell(column: str, cell: Optional[str]) -> Any:
@@ -93,54 +93,68 @@ def _nan(v: Any) -> bool:
 
 
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per layout of one key, the best ok trial, fastest first (memory breaks ties)."""
-    best: dict[tuple[int, int], dict[str, Any]] = {}
-    for r in rows:
-        if r["status"] != "ok" or not r.get("verified") or _nan(r.get("median_s")):
-            continue  # only trials that proved CP was active are ranked
-        k = (r["a2a"], r["p2p"])
-        if k not in best or r["median_s"] < best[k]["median_s"]:
-            best[k] = r
-    return sorted(best.values(), key=lambda r: (r["median_s"], r.get("peak_mem_bytes") or 0))
+    """Per measured layout of one key, a row whose ``median_s`` is the layout's figure (the
+    median of its verified ok trials' medians, ``verdict.figures``), fastest first (memory
+    breaks ties); the rest of the row is its median trial's."""
+    return [{**f.row, "median_s": f.median_s} for f in verdict.figures(rows)]
+
+
+def _name(layout: Optional[tuple[int, int]]) -> str:
+    return f"[{layout[0]},{layout[1]}]" if layout else ""
 
 
 def recommendations(rows: list[dict[str, Any]],
-                    pareto: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
-    """One recommendation per sweep key that has at least one ranked (ok) trial;
-    ``pareto``: per key name, its study's Pareto front (``tuner.Ledger.pareto``)."""
+                    pareto: Optional[dict[str, str]] = None,
+                    tie_threshold: float = verdict.TIE_THRESHOLD) -> list[dict[str, Any]]:
+    """One recommendation per sweep key that has at least one ranked (ok) trial, with its
+    verdict (``verdict.decide``); ``pareto``: per key name, its study's Pareto front
+    (``tuner.Ledger.pareto``)."""
     by_key: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         by_key.setdefault(tuple(key_field(r, k) for k in KEY_FIELDS), []).append(r)
     out = []
     for key, key_rows in sorted(by_key.items(), key=lambda kv: str(kv[0])):
-        ranked = rank(key_rows)
-        if not ranked:
+        v = verdict.decide(key_rows, tie_threshold)
+        if v.best is None:
             continue
-        best = ranked[0]
-        second: Optional[dict[str, Any]] = ranked[1] if len(ranked) > 1 else None
-        margin = (second["median_s"] / best["median_s"] - 1) if second else None
-        noise = max(row_noise(best), row_noise(second)) if second else 0.0
-        base = {r["comm_type"]: r for r in ranked}
-        cp = best["cp"]
+        best = v.best
+        second = v.figures[1] if len(v.figures) > 1 else None
+        ratio = v.ratios.get(second.layout) if second else None
+        base = {f.row["comm_type"]: f for f in v.figures}
+        cp = best.row["cp"]
+
+        def speedup(kind: str) -> Optional[float]:
+            return base[kind].median_s / best.median_s if kind in base and cp > 1 else None
+
         out.append(Recommendation(
             **dict(zip(KEY_FIELDS, key)),
-            a2a=best["a2a"],
-            p2p=best["p2p"],
-            comm_type=best["comm_type"],
-            median_s=best["median_s"],
-            peak_mem_bytes=best.get("peak_mem_bytes"),
-            runner_up=f"[{second['a2a']},{second['p2p']}]" if second else "",
-            runner_up_median_s=second["median_s"] if second else None,
-            margin=margin,
-            tie=bool(second) and margin <= noise,
-            speedup_vs_p2p=(base["p2p"]["median_s"] / best["median_s"]) if "p2p" in base and cp > 1 else None,
-            speedup_vs_a2a=(base["a2a"]["median_s"] / best["median_s"]) if "a2a" in base and cp > 1 else None,
+            a2a=best.layout[0],
+            p2p=best.layout[1],
+            comm_type=best.row["comm_type"],
+            median_s=best.median_s,
+            ci_lo_s=best.ci_lo_s,
+            ci_hi_s=best.ci_hi_s,
+            n_trials=best.n_trials,
+            verdict=v.kind,
+            peak_mem_bytes=best.peak_mem_bytes,
+            runner_up=_name(second.layout) if second else "",
+            runner_up_median_s=second.median_s if second else None,
+            ratio_ci_lo=ratio[0] if ratio and math.isfinite(ratio[1]) else None,
+            ratio_ci_hi=ratio[1] if ratio and math.isfinite(ratio[1]) else None,
+            margin=(second.median_s / best.median_s - 1) if second else None,
+            tie=v.kind == "tie",
+            tied=" ".join(_name(t) for t in v.tied),
+            lighter=_name(v.lighter),
+            undecided=" ".join(_name(u) for u in v.undecided),
+            more_trials=max(v.more_trials.values()) if v.more_trials else None,
+            speedup_vs_p2p=speedup("p2p"),
+            speedup_vs_a2a=speedup("a2a"),
             trials=len(key_rows),
             ok_trials=sum(r["status"] == "ok" for r in key_rows),
             incomplete=bool(missing_layouts(key_rows)),
             missing="; ".join(missing_layouts(key_rows)),
             pareto=(pareto or {}).get(SweepKey.of(dict(zip(KEY_FIELDS, key))).name, ""),
-            tokens_per_gpu_s=_tokens_per_gpu(dict(zip(KEY_FIELDS, key)), best["median_s"]),
+            tokens_per_gpu_s=_tokens_per_gpu(dict(zip(KEY_FIELDS, key)), best.median_s),
         ).to_dict())
     return out
 

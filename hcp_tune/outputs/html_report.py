@@ -121,9 +121,14 @@ def report_page(keys: list[KeySummary], title: str) -> str:
         if not k.layouts:
             body.append("<p>no layout ended ok</p>")
             continue
+        if k.verdict:
+            body.append(f"<p><b>{svg.esc(k.verdict)}</b> (docs: ranking and verdicts)</p>")
         body.append(_table(
-            ("layout", "trials", "median step s", "peak mem GiB", "Pareto", "predicted s"),
-            [(f"{s.label} {s.comm_type}", s.trials, f"{s.median_s:.4g}", _gib(s.peak_mem_bytes),
+            ("layout", "trials", "median step s", "95% CI s", "peak mem GiB", "Pareto",
+             "predicted s"),
+            [(f"{s.label} {s.comm_type}", s.trials, f"{s.median_s:.4g}",
+              f"{s.ci_lo_s:.4g}-{s.ci_hi_s:.4g}" if s.ci_lo_s is not None else "-",
+              _gib(s.peak_mem_bytes),
               "yes" if s.pareto else "", f"{s.predicted_s:.4g}" if s.predicted_s else "-")
              for s in k.layouts]))
         front = sorted((s for s in k.layouts if s.pareto), key=lambda s: s.median_s)

@@ -80,3 +80,59 @@ def unfit_reason(rec: dict[str, Any], predicted: list[dict[str, Any]],
                     f"{r['predicted_memory_gib']:.1f} GiB per GPU in training > "
                     f"{gpu_memory_gib:g} GiB")
     return None
+
+
+def _num(v: Any) -> Optional[float]:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def figure_text(rec: dict[str, Any]) -> str:
+    """The best layout's figure, its 95% interval and the trials behind it: "median
+    0.4857 s (95% CI 0.47-0.52 s) over 5 ok trial(s)"; a table of schema 1 has no
+    interval and says so."""
+    med, lo, hi = _num(rec.get("median_s")), _num(rec.get("ci_lo_s")), _num(rec.get("ci_hi_s"))
+    n = int(_num(rec.get("n_trials")) or 0)
+    if not n:  # written before issue 28: the fastest trial, no interval
+        return f"median {med:.4g} s (an older table: no interval; run the sweep again)"
+    ci = f" (95% CI {lo:.4g}-{hi:.4g} s)" if lo is not None and hi is not None else \
+        " (no interval: one trial)"
+    return f"median {med:.4g} s{ci} over {n} ok trial(s) of this layout"
+
+
+def measure_command(rec: dict[str, Any]) -> str:
+    """The sweep that measures only the undecided layouts of an unsettled key, capped at
+    the trials the power calculation asks for (``verdict.trials_to_decide``)."""
+    a2a = [int(x.strip("[]").split(",")[0]) for x in str(rec.get("undecided") or "").split()]
+    total = int(_num(rec.get("n_trials")) or 0) + int(_num(rec.get("more_trials")) or 0)
+    key = (f"cluster={rec['cluster']} model={rec['model']} tp={rec['tp']} "
+           f"pp={key_field(rec, 'pp')} cp={rec['cp']} seq={rec['seq']} runner={rec['runner']} "
+           f"env_tag={rec['env_tag']}")
+    return (f"python -m hcp_tune sweep {key} search.a2a_sizes=[{','.join(map(str, a2a))}] "
+            f"search.repeats={max(total, 3)}")
+
+
+def verdict_lines(rec: dict[str, Any]) -> list[str]:
+    """The key's verdict in words (docs/guides/ranking.md), with its measured error rate."""
+    kind = rec.get("verdict") or ""
+    best = f"[{rec['a2a']},{rec['p2p']}]"
+    if kind == "settled":
+        return [f"settled: {best} is the fastest; every other layout is slower with 95% "
+                f"confidence ({SETTLED_ERROR})"]
+    if kind == "tie":
+        return [f"tie: {rec.get('tied')} are equivalent within the tie threshold (95% "
+                f"interval of their ratio inside 1 +- threshold); {rec.get('lighter')} uses "
+                f"the least memory ({AGREEMENT})"]
+    if kind == "unsettled":
+        more = int(_num(rec.get("more_trials")) or 0)
+        return [f"unsettled: {rec.get('undecided')} are not yet separated; about {more} more "
+                "trial(s) each should settle it (80% power; settled or a tie in 97% of "
+                "simulated keys: docs/guides/ranking.md), measure only them with:",
+                "  " + measure_command(rec)]
+    return []
+
+
+# what benchmarks/RESULTS-decision-cost.md measured (all keys, layouts fastest first)
+SETTLED_ERROR = ("a settled pick was not the fastest in 1.6% of the decision-cost benchmark's "
+                 "settled keys: docs/guides/ranking.md")
+AGREEMENT = ("the winner or a tie holding it matched the exhaustive sweep in 97.9% of the "
+             "decision-cost benchmark's keys")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hcp_tune.engine.store import KEY_FIELDS
+from hcp_tune.engine import verdict
 from hcp_tune.noise import percentile
 from hcp_tune.outputs.regress import fingerprint_of, usable
 
@@ -32,6 +33,9 @@ class LayoutSummary:
     steps_s: list[float]
     predicted_s: Optional[float] = None
     pareto: bool = False
+    # the 95% bootstrap interval of median_s over the trials (engine/verdict.py)
+    ci_lo_s: Optional[float] = None
+    ci_hi_s: Optional[float] = None
 
     @property
     def label(self) -> str:
@@ -45,6 +49,7 @@ class KeySummary:
     not_ok: dict[str, int] = field(default_factory=dict)  # status -> count
     prediction_label: str = ""
     injected: int = 0  # trials that ran with HCP_TUNE_INJECT_DELAY
+    verdict: str = ""  # settled | tie | unsettled, in words (verdict.summary)
 
     @property
     def name(self) -> str:
@@ -141,8 +146,13 @@ def summarize(rows: list[dict[str, Any]], *, results_dir=None, env_tag: Optional
                 peak_mem_bytes=percentile(mems, 50) if mems else None,
                 steps_s=[t for r in lrows for t in _steps(r)]))
         pareto(layouts)
+        decided = verdict.decide([r for lrows in by_layout.values() for r in lrows])
+        intervals = {f.layout[0]: (f.ci_lo_s, f.ci_hi_s) for f in decided.figures}
+        for s in layouts:
+            s.ci_lo_s, s.ci_hi_s = intervals.get(s.a2a, (None, None))
         ks = KeySummary(dict(zip(KEY_FIELDS, key)), layouts, not_ok,
-                        injected=sum(bool(fingerprint_of(r).get("inject_delay")) for r in key_rows))
+                        injected=sum(bool(fingerprint_of(r).get("inject_delay")) for r in key_rows),
+                        verdict=verdict.summary(decided) if layouts else "")
         if predictions and layouts:
             ks.prediction_label = _predict(ks.key, layouts, results_dir, profiles)
         out.append(ks)

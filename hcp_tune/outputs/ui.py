@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from hcp_tune.outputs import recommend
+
 TABLE_WIDTH = 100  # every default table fits this many columns; the rest: format=json
 MAX_GROUPS_SHOWN = 4  # groups listed per level in the table; format=json lists them all
 
@@ -164,6 +166,8 @@ class SweepReporter:
                      f"(or a class, e.g. search.retry={min(kept)}) measures them again")
         if total and getattr(summary, "estimate", ""):
             head += f"; {summary.estimate}"
+        if getattr(summary, "adaptive_note", ""):
+            head += f"; {summary.adaptive_note}"
         console().print(escape(head))
         if self.live_mode and total:
             from rich.live import Live
@@ -299,6 +303,11 @@ def _known(v: Any) -> bool:
     return v is not None and not (isinstance(v, float) and v != v)
 
 
+def _interval(r: dict[str, Any]) -> str:
+    lo, hi = r.get("ci_lo_s"), r.get("ci_hi_s")
+    return f"{human_time(lo)}-{human_time(hi)}" if _known(lo) and _known(hi) else "-"
+
+
 def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
     """The ranked keys: one table of TABLE_WIDTH columns per (cluster, model, env_tag),
     named on the line above it (a sweep has one); every column is in recommendations.csv."""
@@ -314,18 +323,21 @@ def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
         table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
         # runner=bridge keys: tokens/s per GPU at the key's m compares keys of other tp/pp/dp
         tokens = any(_known(r.get("tokens_per_gpu_s")) for r in rows)
-        for col in ("tp", "cp", "seq", "best", "median", "GiB", "runner-up", "margin", "tie",
-                    "vs p2p", "vs a2a", *(("tok/s/GPU",) if tokens else ()), "trials"):
+        for col in ("tp", "cp", "seq", "best", "median", "95% CI", "n", "GiB", "runner-up",
+                    "margin", "verdict", "vs p2p", "vs a2a", *(("tok/s/GPU",) if tokens else ()),
+                    "trials"):
             table.add_column(escape(col), overflow="fold",
-                             justify="left" if col in ("best", "runner-up", "tie") else "right")
+                             justify="left" if col in ("best", "runner-up", "verdict") else "right")
         for r in rows:
             mem = r.get("peak_mem_bytes")
             table.add_row(
                 str(r["tp"]), str(r["cp"]), str(r["seq"]),
                 escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"), human_time(r["median_s"]),
+                _interval(r), str(r.get("n_trials") or "-"),
                 _fmt(mem / 2**30 if mem and mem == mem else None, ".2f"),
                 escape(str(r.get("runner_up") or "-")), _fmt(r.get("margin"), ".1%"),
-                "tie" if r.get("tie") else "", _fmt(r.get("speedup_vs_p2p"), ".2f"),
+                escape(str(r.get("verdict") or ("tie" if r.get("tie") else ""))),
+                _fmt(r.get("speedup_vs_p2p"), ".2f"),
                 _fmt(r.get("speedup_vs_a2a"), ".2f"),
                 *((_fmt(r.get("tokens_per_gpu_s"), ".0f"),) if tokens else ()), str(r["trials"]),
             )
@@ -337,9 +349,9 @@ def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list
     out.print(escape(
         f"recommend: {rec['cluster']} {rec['model']} tp={rec['tp']} cp={rec['cp']} seq={rec['seq']} "
         f"env_tag={rec['env_tag']}: [{rec['a2a']},{rec['p2p']}] {rec['comm_type']}, "
-        f"median {_fmt(rec['median_s'])} s over {rec['trials']} trial(s)"
-        + (" (a tie with the runner-up within measured noise)" if rec.get("tie") else "")
-    ))
+        f"{recommend.figure_text(rec)}"))
+    for line in recommend.verdict_lines(rec):
+        out.print(escape(line))
     if rec.get("incomplete") and rec.get("missing"):
         out.print(escape(f"incomplete: not every layout has a valid measurement: "
                          f"{rec['missing']}; run the same sweep again to measure them"))
@@ -372,7 +384,11 @@ def close_group_lines(pred: dict[str, Any]) -> list[str]:
         lays = ", ".join(f"[{a},{p}]" for a, p in zip(g["a2a_sizes"], g["p2p_sizes"]))
         head = f"tp={g['tp']} seq={g['seq']}: "
         within = f"within the model's error band ({g['band_factor']:.3f}x, q={b['q']:g})"
-        if g["confident"]:
+        if g.get("not_validated"):
+            lines.append(head + f"not validated for {g['not_validated']}: measure them all "
+                         f"({lays}) with:")
+            lines.append("  " + g["settle_command"])
+        elif g["confident"]:
             lines.append(head + f"confident pick {lays}: no other layout predicted {within} "
                          "of it")
         else:

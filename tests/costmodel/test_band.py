@@ -95,7 +95,8 @@ def test_a_calibration_band_needs_enough_keys():
     assert band.of_calibration({"fit": {}}) is None
 
 
-CFG = ["cluster=dgx-h200", "model=llama3-8b", "cp=8", "seq=[65536,131072]", "tp=1", "pp=1"]
+# inside the band's domain (A100 NVLink, one node, attention): the band decides the group
+CFG = ["cluster=dgx-a100", "model=llama3-8b", "cp=8", "seq=[16384,32768]", "tp=1", "pp=1"]
 
 
 def test_predict_json_carries_each_key_group_and_the_band():
@@ -103,7 +104,7 @@ def test_predict_json_carries_each_key_group_and_the_band():
     out = predict.predict_rows(cfg)
     assert set(out["band"]) == {"width_log", "factor", "q", "keys", "pairs", "source"}
     groups = {(g["seq"], g["tp"]): g for g in out["close_groups"]}
-    assert set(groups) == {(65536, 1), (131072, 1)}
+    assert set(groups) == {(16384, 1), (32768, 1)}
     for (seq, tp), g in groups.items():
         fit = {r["a2a"]: r["predicted_step_time_s"] for r in out["candidates"]
                if (r["seq"], r["tp"]) == (seq, tp) and r["fits_memory"]}
@@ -114,6 +115,25 @@ def test_predict_json_carries_each_key_group_and_the_band():
         marked = [r["a2a"] for r in out["candidates"]
                   if (r["seq"], r["tp"]) == (seq, tp) and r["too_close_to_call"]]
         assert sorted(marked) == ([] if g["confident"] else sorted(g["a2a_sizes"]))
+
+
+@pytest.mark.parametrize("args,gap", [
+    (["cluster=dgx-h200", "model=llama3-8b", "cp=8", "seq=65536", "tp=1", "pp=1"],
+     "H200-SXM-141GB"),
+    (["cluster=dgx-h100", "cp=16", "tp=4", "seq=131072"], "cross-node keys"),
+    (["cluster=local", "model=tiny", "cp=4", "seq=8192", "tp=1", "pp=1"], "CPU profiles"),
+    (["cluster=dgx-a100", "model=llama3-8b", "cp=4", "seq=16384", "tp=1", "pp=2"],
+     "training steps"),
+])
+def test_outside_the_bands_domain_there_is_no_confident_pick(args, gap):
+    """Issue 28: the band was checked on 8x A100 NVLink, one node, attention only."""
+    out = predict.predict_rows(config.load(args))
+    assert out["close_groups"]
+    for g in out["close_groups"]:
+        fit = sorted(r["a2a"] for r in out["candidates"]
+                     if (r["seq"], r["tp"]) == (g["seq"], g["tp"]) and r["fits_memory"])
+        assert not g["confident"] and gap in g["not_validated"]
+        assert sorted(g["a2a_sizes"]) == fit and g["settle_command"]
 
 
 def _planned(command: str) -> dict[tuple[int, int], list[int]]:
@@ -174,7 +194,7 @@ def _calibration(tmp_path, n_keys: int):
     per_row = [{"tp": 1, "cp": 8, "seq": 1024 * (s + 1), "measured_s": m, "predicted_s": p}
                for s in range(n_keys) for m, p in ((1.0, 1.0), (1.1, 1.2))]
     rep = FitReport(n=len(per_row), rms_rel_error=0.1, max_rel_error=0.1, per_row=per_row)
-    save_params(tmp_path, "dgx-h200", "mine", CostParams(source="calibrated test"), rep)
+    save_params(tmp_path, "dgx-a100", "mine", CostParams(source="calibrated test"), rep)
     return config.load(CFG + [f"results_dir={tmp_path}", "env_tag=mine"])
 
 

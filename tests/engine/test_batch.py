@@ -181,8 +181,9 @@ def test_budget_stops_submitting_and_says_so(tmp_path):
 def test_plan_states_the_cost_as_an_estimate():
     r = hcp("plan", "cp=2", "seq=256", "model=tiny", "cluster=local", "format=json")
     est = json.loads(r.stdout)["estimate"]
-    assert est["trials"] == 2 and est["label"] == "estimate" and est["gpu_hours"] > 0
-    assert est["text"].startswith("estimate: 2 trial(s), ")
+    # two layouts, search.min_repeats=3 each: what the adaptive default plans first
+    assert est["trials"] == 6 and est["label"] == "estimate" and est["gpu_hours"] > 0
+    assert est["text"].startswith("estimate: 6 trial(s), ")
 
 
 def test_a_peers_root_cause_is_merged_once_for_either_executor(tmp_path):
@@ -248,7 +249,8 @@ def test_early_stop_prunes_a_planted_slow_trial_inside_a_batch_and_the_batch_goe
     r = subprocess.run(
         [sys.executable, "-m", "hcp_tune", "sweep", "cp=2", "seq=256", *TINY,
          "runner.measure_steps=15", "search.early_stop=true", "search.order_by_prediction=false",
-         "search.repeats=2", "executor.trials_per_job=6", "executor=local",
+         "search.repeats=2", "search.adaptive=false", "executor.trials_per_job=6",
+         "executor=local",
          f"results_dir={res}"],
         capture_output=True, text=True, cwd=REPO, timeout=600,
         env={**ENV, "HCP_TUNE_INJECT_DELAY": "p2p:0.2"})

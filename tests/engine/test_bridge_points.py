@@ -27,7 +27,8 @@ PROOF = {"cp_active": {"checked": True, "problems": []}}
 def _cfg(tmp_path: Path, *extra: str):
     return config.load(["cluster=local", "model=tiny", "cp=2", "seq=256", "runner=bridge",
                         f"gbs={USER_M}", "executor=local", "executor.trials_per_job=2",
-                        "search.early_stop=false", f"results_dir={tmp_path / 'res'}", *extra])
+                        "search.early_stop=false", "search.repeats=1", "search.min_repeats=1",
+                        f"results_dir={tmp_path / 'res'}", *extra])
 
 
 class Reporter:

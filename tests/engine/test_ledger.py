@@ -218,9 +218,9 @@ def test_records_of_a_newer_version_are_refused_and_older_ones_read():
     rec = {k: 1 for k in RECOMMENDATION_COLUMNS}
     del rec["pareto"], rec["schema_version"]  # a table written before the column
     assert Recommendation.from_dict(rec).pareto == ""
-    with pytest.raises(ResultsTooNew, match=r"^t.csv: recommendation schema 2 > 1, .* upgrade "
+    with pytest.raises(ResultsTooNew, match=r"^t.csv: recommendation schema 3 > 2, .* upgrade "
                                             r"hcp-tune, or use another results_dir$"):
-        Recommendation.from_dict({**rec, "schema_version": 2}, where="t.csv")
+        Recommendation.from_dict({**rec, "schema_version": 3}, where="t.csv")
     with pytest.raises(ResultsTooNew, match="verification schema 7 > 1"):
         Verification.from_dict({**PROOF, "schema_version": 7})
     assert Verification.from_dict(PROOF).verified
@@ -275,9 +275,9 @@ def test_a_recommendations_table_of_the_previous_version_is_read(tmp_path):
     (tmp_path / "recommendations.csv").write_text(
         ",".join(old_columns) + "\n" + ",".join(values[c] for c in old_columns) + "\n")
     (rec,) = ResultStore(tmp_path).recommendations()
-    assert (rec["a2a"], rec["median_s"], rec["pareto"], rec["schema_version"]) == (2, 1.5, "", 1)
+    assert (rec["a2a"], rec["median_s"], rec["pareto"], rec["schema_version"]) == (2, 1.5, "", 2)
     newer = (tmp_path / "recommendations.csv").read_text().splitlines()
     (tmp_path / "recommendations.csv").write_text(
-        newer[0] + ",schema_version\n" + newer[1] + ",2\n")
-    with pytest.raises(ResultsTooNew, match="recommendations.csv: recommendation schema 2 > 1"):
+        newer[0] + ",schema_version\n" + newer[1] + ",3\n")
+    with pytest.raises(ResultsTooNew, match="recommendations.csv: recommendation schema 3 > 2"):
         ResultStore(tmp_path).recommendations()

@@ -134,7 +134,8 @@ def test_auto_runs_bridge_as_steps_and_batches_it(tmp_path, runner, batch, steps
 
     cfg = config.load(["cluster=local", "model=tiny", "cp=2", "seq=[256,512]",
                        f"runner={runner}", f"executor.batch={batch}", "executor=local",
-                       "executor.trials_per_job=3", f"results_dir={tmp_path}"])
+                       "executor.trials_per_job=3", "search.repeats=1", "search.min_repeats=1",
+                       f"results_dir={tmp_path}"])
     sweeper = Sweeper(cfg, reporter=None)
     assert sweeper.steps is steps
     sweeper.plan()

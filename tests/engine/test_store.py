@@ -43,11 +43,17 @@ def test_best_runner_up_margin_and_speedups():
     assert rec["tie"] is False and rec["trials"] == 3
 
 
-def test_margin_within_noise_is_a_tie():
-    (rec,) = recommendations([row(2, 1.00, spread=0.05, n=0), row(4, 1.03, spread=0.05, n=1)])
-    assert rec["tie"] is True
-    (rec,) = recommendations([row(2, 1.00, spread=0.01, n=0), row(4, 1.03, spread=0.01, n=1)])
-    assert rec["tie"] is False
+def test_a_tie_is_the_ratio_interval_inside_the_threshold_not_one_trials_noise():
+    """Issue 28: one trial's p10-p90 (5% here) no longer makes a 3% margin a tie; the
+    ratio of the layouts' figures, over their trials, does."""
+    one_each = [row(2, 1.00, spread=0.05, n=0), row(4, 1.03, spread=0.05, n=1)]
+    (rec,) = recommendations(one_each)
+    assert rec["tie"] is False and rec["verdict"] == "unsettled"
+    close = [row(2, m, n=i) for i, m in enumerate((1.000, 1.004, 0.998))] + \
+        [row(4, m, n=3 + i) for i, m in enumerate((1.003, 1.006, 1.001))]
+    (rec,) = recommendations(close)
+    assert rec["verdict"] == "tie" and rec["tie"] is True
+    assert rec["tied"] == "[2,2] [4,1]" and rec["lighter"] in ("[2,2]", "[4,1]")
 
 
 def test_failed_and_invalid_trials_are_never_ranked():

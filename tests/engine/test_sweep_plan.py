@@ -14,7 +14,9 @@ from hcp_tune.engine.tuner import Outstanding
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 # cp=4 on the tiny model: layouts [1,4] [2,2] [4,1]; the cost model predicts 4, 2, 1 fastest first
-CFG = config.load(["cluster=local", "model=tiny", "cp=4", "seq=[256,512]", "runner=attention"])
+# exhaustive, one trial a layout (what these tests pin); the adaptive plan: test_sweep_adaptive.py
+CFG = config.load(["cluster=local", "model=tiny", "cp=4", "seq=[256,512]", "runner=attention",
+                   "search.adaptive=false", "search.repeats=1"])
 KEYS = list(kept_by_key(CFG))
 K256, K512 = KEYS
 

@@ -43,7 +43,8 @@ def test_the_estimate_shares_a_job_start_as_auto_packs_the_trials():
     from hcp_tune.costmodel import predict
 
     def seconds(setting):
-        cfg = config.load([*base, f"executor.trials_per_job={setting}"])
+        cfg = config.load([*base, f"executor.trials_per_job={setting}", "search.repeats=1",
+                           "search.min_repeats=1"])
         return sum(c.seconds for c in budget.costs_by_layout(cfg, predict.ordering(cfg)).values())
 
     # four trials of one world size on one slot: auto packs them into one job

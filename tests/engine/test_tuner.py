@@ -87,8 +87,23 @@ def test_a_trial_that_measured_all_its_steps_is_never_pruned(tmp_path):
                            runner="attention")
     run = SimpleNamespace(spec=spec, points=[spec], key=SimpleNamespace(name="k"),
                           stopping=False)
-    me = SimpleNamespace(best={"k": BEST})
+    me = SimpleNamespace(best={"k": BEST}, prunable=lambda m: True)
     assert Sweeper._prune(me, run) is False  # 3 of 3 steps done: its result is on its way
+
+
+def test_the_best_layouts_own_repeats_are_never_pruned():
+    """Stopping the leader's slower repeats would leave its figure biased fast (issue 28)."""
+    from types import SimpleNamespace
+
+    from hcp_tune.engine.sweep import Sweeper
+
+    best = {**BEST, "a2a": 2, "p2p": 2}
+    me = SimpleNamespace(best={"k": best})
+    member = SimpleNamespace(key=SimpleNamespace(name="k"),
+                             spec=SimpleNamespace(a2a=2, p2p=2))
+    assert Sweeper.prunable(me, member) is False
+    member.spec = SimpleNamespace(a2a=4, p2p=1)
+    assert Sweeper.prunable(me, member) is True
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from hcp_tune.spec import Status, TrialResult, TrialSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = config.load(["runner=attention+bridge", "cluster=local", "model=tiny", "cp=4",
-                   "seq=256"])
+                   "seq=256", "search.repeats=1", "search.min_repeats=1"])
 
 
 def row(runner, a2a, median, status=Status.OK, verification=None):

@@ -1,0 +1,268 @@
+"""What adaptive measuring (``search.adaptive``, the default) costs and how often it picks
+what the exhaustive sweep picks: issue 28's decision-cost benchmark.
+
+Each key is replayed many times through the sweep's real decision code, once per policy,
+on the same draws (trial ``i`` of a layout is the same draw in both policies):
+
+- **exhaustive**: ``search.adaptive=false search.repeats=5`` (today's sweep; early
+  stopping on, the default: a trial of another layout clearly slower than the best is
+  pruned; the best layout's own trials never are);
+- **adaptive**: the default, ``search.min_repeats=3``, up to ``search.repeats=5``: the
+  plan's rounds, a pruned layout's queued repeats dropped, then ``sweep_adaptive.next_round``
+  until the key is settled, a tie, or at the cap.
+
+The decisions are the engine's own functions: ``verdict.decide`` (the verdict),
+``verdict.figures`` (the early-stop reference), ``trials.should_prune`` (early stopping,
+on a trial's first 3 steps), ``sweep_adaptive.next_round`` / ``closed``. Trials run one at
+a time in the replay (the real sweep runs a batch at once; the decisions are the same).
+
+Keys (their per-layout trial distributions):
+
+- **CPU pools** (``regress_pool_rows.jsonl``): recorded trials of ``cluster=local
+  model=tiny cp=2 seq=1024``: the clean sessions pool-1..4 (32 trials a layout), delay-1..2
+  (16; the ring layout slowed ~15%) and bigdelay-1 (10; several-fold). A draw resamples a
+  recorded trial; the truth is the pool's median.
+- **This issue's recording** (``decision_cost_rows.jsonl``): ``cluster=local model=tiny
+  cp=4 seq=2048``, 5 trials a layout on the loaded shared machine.
+- **Published tables** (``published/yunchang-*.jsonl``: 8x A100; ``cpu_splits_rows`` and
+  ``calibrate_cpu_rows``: this machine's CPU layouts) with a stated noise model: a trial's
+  median is the table's value times exp(N(0, s)), s = 1%, 2%, 3% (the spread of trial
+  medians between allocations), its steps the trial median times exp(N(0, 1%)).
+
+Measured per group: trials and GPU-hours (a trial costs its GPUs x (30 s start-up +
+(2 warm-up + 5 measured steps) x step); a pruned one 2 + 3 steps) of adaptive over
+exhaustive; how often adaptive's winner is the exhaustive one or a declared tie holds it;
+how often a "settled" verdict named a layout that is not the truth's fastest (95% Wilson
+intervals). Goal (issue 28): <= 40% of the exhaustive cost, the same winner or a correct
+tie in >= 95% of keys, a wrong "settled" <= 5%.
+
+    PYTHONPATH=$PWD python benchmarks/decision_cost.py [--replays 40]
+        [--out benchmarks/RESULTS-decision-cost.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from hcp_tune.engine import sweep_adaptive, verdict  # noqa: E402
+from hcp_tune.engine.trials import MIN_STEPS_TO_PRUNE, should_prune  # noqa: E402
+from hcp_tune.noise import percentile  # noqa: E402
+from stamp import write_results  # noqa: E402
+
+B = REPO / "benchmarks"
+REPEATS, MIN_REPEATS, THRESHOLD = 5, 3, verdict.TIE_THRESHOLD
+WARMUP, MEASURE, STARTUP_S = 2, 5, 30.0
+SPREADS = (0.01, 0.02, 0.03)
+STEP_JITTER = 0.01
+Layout = tuple[int, int]
+
+
+@dataclass
+class Key:
+    group: str
+    name: str
+    gpus: int
+    truth: dict[Layout, float]
+    draw: Callable[[random.Random, Layout], float]  # one trial's median
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _pool_key(group: str, name: str, rows: list[dict]) -> Key:
+    pools: dict[Layout, list[float]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("median_s"):
+            pools.setdefault((int(r["a2a"]), int(r["p2p"])), []).append(float(r["median_s"]))
+    return Key(group, name, int(rows[0]["cp"]) * int(rows[0].get("tp") or 1),
+               {k: statistics.median(v) for k, v in pools.items()},
+               lambda rng, lay: rng.choice(pools[lay]))
+
+
+def _table_keys(group: str, rows: list[dict], spread: float) -> list[Key]:
+    by: dict[tuple, dict[Layout, list[float]]] = {}
+    for r in rows:
+        if r.get("status", "ok") != "ok" or not r.get("median_s"):
+            continue
+        k = (r.get("env_tag"), r.get("model"), r["cp"], r.get("tp", 1), r["seq"])
+        by.setdefault(k, {}).setdefault((int(r["a2a"]), int(r["p2p"])), []).append(
+            float(r["median_s"]))
+    out = []
+    for k, lays in sorted(by.items(), key=str):
+        if len(lays) < 2:
+            continue
+        truth = {lay: statistics.median(v) for lay, v in lays.items()}
+        out.append(Key(f"{group}, s={spread:.0%}", f"{k[1]} cp={k[2]} seq={k[4]}",
+                       int(k[2]) * int(k[3]), truth,
+                       lambda rng, lay, t=truth, s=spread: t[lay] * math.exp(rng.gauss(0, s))))
+    return out
+
+
+def keys() -> list[Key]:
+    pool = _rows(B / "regress_pool_rows.jsonl")
+    out = [_pool_key("CPU pools (recorded)", f"cp=2 seq=1024 {name}",
+                     [r for r in pool if r["env_tag"] in tags])
+           for name, tags in (("clean pool-1..4", ("pool-1", "pool-2", "pool-3", "pool-4")),
+                              ("delay-1..2", ("delay-1", "delay-2")),
+                              ("bigdelay-1", ("bigdelay-1",)))]
+    out.append(_pool_key("this issue's recording", "cp=4 seq=2048 (5 trials a layout)",
+                         _rows(B / "decision_cost_rows.jsonl")))
+    published = _rows(B / "published/yunchang-a100-fwd.jsonl") + \
+        _rows(B / "published/yunchang-a100-fwdbwd.jsonl")
+    cpu_tables = _rows(B / "cpu_splits_rows.jsonl") + _rows(B / "calibrate_cpu_rows.jsonl")
+    for s in SPREADS:
+        out += _table_keys("published 8xA100 tables", published, s)
+        out += _table_keys("CPU layout tables", cpu_tables, s)
+    return out
+
+
+def _trial(rng: random.Random, key: Key, lay: Layout) -> dict:
+    median = key.draw(rng, lay)
+    steps = [median * math.exp(rng.gauss(0, STEP_JITTER)) for _ in range(MEASURE)]
+    return {"a2a": lay[0], "p2p": lay[1], "status": "ok", "verified": True,
+            "median_s": percentile(steps, 50), "p10_s": percentile(steps, 10),
+            "p90_s": percentile(steps, 90), "peak_mem_bytes": 0, "steps": steps}
+
+
+def replay(key: Key, draws: dict[Layout, list[dict]], adaptive: bool, fastest_first: bool,
+           min_repeats: int = MIN_REPEATS) -> tuple[list, float]:
+    """The sweep's loop for one key, one trial at a time; (stored rows, GPU-hours).
+    ``fastest_first``: the layouts in the truth's order (search.order_by_prediction with a
+    prediction that ranks right); else in candidate order (a2a ascending)."""
+    layouts = sorted(key.truth, key=key.truth.get) if fastest_first else sorted(key.truth)
+    kept = [a for a, _ in layouts]
+    queue = [lay for _ in range(min_repeats if adaptive else REPEATS) for lay in layouts]
+    rows: list[dict] = []
+    used = {lay: 0 for lay in layouts}
+    hours = 0.0
+    while queue:
+        lay = queue.pop(0)
+        t = dict(draws[lay][used[lay]])
+        used[lay] += 1
+        figs = verdict.figures(rows, intervals=False)
+        ref = figs[0].row if figs and figs[0].layout != lay else None
+        steps = t.pop("steps")
+        if ref is not None and should_prune(steps[:MIN_STEPS_TO_PRUNE], ref):
+            rows.append({**t, "status": "pruned", "median_s": statistics.median(
+                steps[:MIN_STEPS_TO_PRUNE])})
+            hours += key.gpus * (STARTUP_S + (WARMUP + MIN_STEPS_TO_PRUNE) * t["median_s"]) / 3600
+            if adaptive:
+                queue = [q for q in queue if q != lay]
+        else:
+            rows.append(t)
+            hours += key.gpus * (STARTUP_S + (WARMUP + MEASURE) * t["median_s"]) / 3600
+        if adaptive and not queue:
+            more = sweep_adaptive.next_round(rows, kept, min_repeats=min_repeats,
+                                             repeats=REPEATS, tie_threshold=THRESHOLD)
+            queue = [next(x for x in layouts if x[0] == a) for a in more]
+    return rows, hours
+
+
+def wilson(k: int, n: int) -> str:
+    if n == 0:
+        return "-"
+    z, p = 1.96, k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return f"{p:.1%} [{max(0, c - h):.1%}, {min(1, c + h):.1%}]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--replays", type=int, default=40)
+    ap.add_argument("--out", default=str(B / "RESULTS-decision-cost.md"))
+    args = ap.parse_args()
+    blocks = ["# Decision cost: adaptive vs exhaustive measuring (issue 28)", "",
+              f"Each key replayed {args.replays} times per policy on the same draws "
+              "(benchmarks/decision_cost.py says how). Exhaustive: search.adaptive=false "
+              "search.repeats=5; adaptive: the default (min_repeats=3, repeats=5, tie "
+              "threshold 2%); early stopping on in both. Goal (issue 28): <= 40% of the "
+              "exhaustive cost, same winner or a correct tie >= 95%, wrong \"settled\" <= 5%. "
+              "Truth: the pool's median, or the table's value."]
+    for fastest_first in (True, False):
+        blocks.append(_table(args.replays, fastest_first, MIN_REPEATS))
+    blocks.append(_table(args.replays, True, 2))
+    write_results(args.out, "\n\n".join(blocks))
+    print("\n\n".join(blocks))
+
+
+def _table(replays: int, fastest_first: bool, min_repeats: int) -> str:
+    stats: dict[str, dict[str, float]] = {}
+    for key in keys():
+        rng = random.Random(f"{key.group}|{key.name}")
+        true_best = min(key.truth, key=key.truth.get)
+        s = stats.setdefault(key.group, {k: 0 for k in (
+            "keys", "replays", "ex_trials", "ad_trials", "ex_h", "ad_h", "match",
+            "settled", "wrong", "tie", "unsettled", "ex_settled", "ex_wrong", "far")})
+        s["keys"] += 1
+        for _ in range(replays):
+            draws = {lay: [_trial(rng, key, lay) for _ in range(REPEATS)] for lay in key.truth}
+            ex_rows, ex_h = replay(key, draws, False, fastest_first)
+            ad_rows, ad_h = replay(key, draws, True, fastest_first, min_repeats)
+            ex, ad = verdict.decide(ex_rows, THRESHOLD), verdict.decide(ad_rows, THRESHOLD)
+            s["replays"] += 1
+            s["ex_trials"] += len(ex_rows)
+            s["ad_trials"] += len(ad_rows)
+            s["ex_h"] += ex_h
+            s["ad_h"] += ad_h
+            eb, ab = ex.best.layout, ad.best.layout
+            s["match"] += ab == eb or (ad.kind == "tie" and eb in ad.tied) or (
+                ex.kind == "tie" and ab in ex.tied)
+            s[ad.kind if ad.kind != "settled" else "settled"] += 1
+            s["wrong"] += ad.kind == "settled" and ab != true_best
+            # practically wrong: the pick is more than the tie threshold slower than the best
+            s["far"] += ad.kind == "settled" and key.truth[ab] > key.truth[true_best] * (
+                1 + THRESHOLD)
+            s["ex_settled"] += ex.kind == "settled"
+            s["ex_wrong"] += ex.kind == "settled" and eb != true_best
+    order = ("layouts measured fastest first (search.order_by_prediction with a prediction "
+             "that ranks right)" if fastest_first else
+             "layouts measured in candidate order (a2a ascending: no help from the prediction)")
+    variant = "" if min_repeats == MIN_REPEATS else (
+        f" - a variant, not the default: search.min_repeats={min_repeats}")
+    lines = [f"## {order}{variant}", "",
+             "| keys | group | trials adaptive / exhaustive | GPU-hours adaptive / exhaustive "
+             "| same winner or correct tie | adaptive: settled / tie / unsettled "
+             "| wrong \"settled\" (any / > 2% slower) | exhaustive: wrong \"settled\" |",
+             "|---:|---|---:|---:|---|---|---|---|"]
+    tot = {k: 0.0 for k in ("replays", "ex_trials", "ad_trials", "ex_h", "ad_h", "match",
+                            "settled", "wrong", "ex_settled", "ex_wrong", "far")}
+    for group, s in stats.items():
+        for k in tot:
+            tot[k] += s[k]
+        n = int(s["replays"])
+        lines.append(
+            f"| {int(s['keys'])} | {group} | {s['ad_trials'] / s['ex_trials']:.0%} "
+            f"({s['ad_trials'] / n:.1f} / {s['ex_trials'] / n:.1f} a key) "
+            f"| {s['ad_h'] / s['ex_h']:.0%} | {wilson(int(s['match']), n)} "
+            f"| {s['settled'] / n:.0%} / {s['tie'] / n:.0%} / {s['unsettled'] / n:.0%} "
+            f"| {wilson(int(s['wrong']), int(s['settled']))} / "
+            f"{wilson(int(s['far']), int(s['settled']))} "
+            f"| {wilson(int(s['ex_wrong']), int(s['ex_settled']))} |")
+    n = int(tot["replays"])
+    lines += ["", f"**All keys** ({n} replays): adaptive measures "
+              f"**{tot['ad_trials'] / tot['ex_trials']:.0%} of the exhaustive trials** "
+              f"({tot['ad_h'] / tot['ex_h']:.0%} of its GPU-hours); same winner or a correct "
+              f"tie in **{wilson(int(tot['match']), n)}** of replays; a \"settled\" pick that "
+              f"is not the truth's fastest in **{wilson(int(tot['wrong']), int(tot['settled']))}"
+              f"** of settled verdicts, one more than 2% slower than it in "
+              f"**{wilson(int(tot['far']), int(tot['settled']))}** (exhaustive, any: "
+              f"{wilson(int(tot['ex_wrong']), int(tot['ex_settled']))})."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

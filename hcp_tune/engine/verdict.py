@@ -1,0 +1,256 @@
+"""How sure a key's ranking is: each layout's figure with its 95% interval, and the key's
+verdict, ``settled``, ``tie`` or ``unsettled``, with what would settle it.
+
+What belongs here: pure functions of one key's stored rows (no files, no config). The same
+code ranks the tables (``tables.recommendations``), decides which layouts an adaptive sweep
+measures again (``sweep_adaptive``) and is replayed by ``benchmarks/decision_cost.py``, so
+what the benchmark measures is what users run.
+
+**The figure** of a layout is the median of its verified ok trials' medians, with a 95%
+percentile-bootstrap interval over those trials (``BOOTSTRAP`` resamples, a fixed seed per
+layout: the same rows give the same interval, so a resumed sweep decides the same). The
+trial, not the step, is the unit: a trial's steps share one allocation, one placement and
+one warm-up, so pooling them would count the same allocation's luck hundreds of times and
+make the interval far too narrow (docs/guides/ranking.md argues it with numbers). Pruned,
+cancelled, skipped and failed trials never enter a figure.
+
+**The verdict** compares the best layout (lowest figure) with every other measured layout
+through the bootstrap interval of the ratio other/best: *settled* when every ratio's
+interval lies above 1 (each other layout is slower with 95% confidence; a layout stopped
+early by the prune rule, without an interval of its own, lost on every step it ran and
+counts as slower); *tie* when every
+layout not separated from the best has a ratio interval inside 1 +- ``tie_threshold``;
+*unsettled* otherwise, with the undecided layouts and the trials a power calculation says
+they need (``trials_to_decide``; tests/engine/test_verdict.py checks by simulation that
+the suggestion settles >= 80% of such keys).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+BOOTSTRAP = 2000  # resamples of a layout's trials
+SEED = 28  # the fixed seed, mixed with the layout and its trial medians
+LEVEL = 0.95  # the intervals' coverage
+POWER_Z = 0.8416  # one-sided z of 80% power (and the 20% quantile of the spread bound)
+INTERVAL_Z = 1.96  # two-sided z of 95%
+MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)  # a median's s.e. over the mean's, normal data
+TIE_THRESHOLD = 0.02  # search.tie_threshold's default
+MIN_TRIALS = 2  # a layout with fewer trials has no interval (one trial says nothing of spread)
+Layout = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A layout's step time: the median of its trials' medians and its 95% interval (None
+    with fewer than ``MIN_TRIALS`` trials); ``row``: the trial at the (upper) median, what
+    early stopping compares with; ``medians``: its trials' medians in trial order."""
+
+    layout: Layout
+    median_s: float
+    ci_lo_s: Optional[float]
+    ci_hi_s: Optional[float]
+    medians: tuple[float, ...]
+    row: dict[str, Any] = field(compare=False, repr=False)
+
+    @property
+    def n_trials(self) -> int:
+        return len(self.medians)
+
+    @property
+    def peak_mem_bytes(self) -> Optional[int]:
+        return self.row.get("peak_mem_bytes")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A key's verdict: ``kind`` settled | tie | unsettled; ``figures`` fastest first;
+    ``ratios``: per other layout, the (lo, hi) 95% interval of its figure over the best's;
+    ``pruned``: layouts that lost by early stopping (no figure); ``undecided``: the
+    layouts still to measure (the best first) when unsettled; ``more_trials``: per
+    undecided layout, how many more trials the power calculation asks for; ``lighter``:
+    in a tie, the tied layout with the least peak memory."""
+
+    kind: str
+    figures: list[Figure]
+    ratios: dict[Layout, tuple[float, float]]
+    pruned: list[Layout] = field(default_factory=list)
+    undecided: list[Layout] = field(default_factory=list)
+    more_trials: dict[Layout, int] = field(default_factory=dict)
+    lighter: Optional[Layout] = None
+    tie_threshold: float = TIE_THRESHOLD
+
+    @property
+    def best(self) -> Optional[Figure]:
+        return self.figures[0] if self.figures else None
+
+    @property
+    def tied(self) -> list[Layout]:
+        """In a tie, the best and every layout not separated from it."""
+        if self.kind != "tie" or not self.best:
+            return []
+        return [self.best.layout, *(f.layout for f in self.figures[1:]
+                                    if self.ratios[f.layout][0] <= 1.0
+                                    and f.layout not in self.pruned)]
+
+
+def _nan(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def usable(row: dict[str, Any]) -> bool:
+    """A trial that enters a figure and counts toward ``search.repeats``: ok, verified
+    (CP was active) and with a median."""
+    return row.get("status") == "ok" and bool(row.get("verified")) and not _nan(row.get("median_s"))
+
+
+def _seed(layout: Layout, medians: tuple[float, ...]) -> int:
+    """The fixed seed of a layout's resamples: the same trials, the same interval; two
+    layouts never share a resampling pattern."""
+    return zlib.crc32(repr((SEED, layout, medians)).encode())
+
+
+def _resampled(fig: Figure) -> Any:
+    """``BOOTSTRAP`` medians of resamples (with replacement) of the layout's trials."""
+    import numpy as np
+
+    x = np.asarray(fig.medians, dtype=float)
+    rng = np.random.default_rng(_seed(fig.layout, fig.medians))
+    return np.median(x[rng.integers(0, len(x), size=(BOOTSTRAP, len(x)))], axis=1)
+
+
+def _interval(values: Any) -> tuple[float, float]:
+    import numpy as np
+
+    lo, hi = np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return float(lo), float(hi)
+
+
+def figures(rows: list[dict[str, Any]], intervals: bool = True) -> list[Figure]:
+    """Per measured layout of one key, its figure, fastest first (peak memory breaks ties);
+    ``intervals=False``: without the bootstrap (what early stopping needs, per trial)."""
+    by: dict[Layout, list[dict[str, Any]]] = {}
+    for r in rows:
+        if usable(r):
+            by.setdefault((int(r["a2a"]), int(r["p2p"])), []).append(r)
+    out = []
+    for layout, rs in by.items():
+        medians = tuple(float(r["median_s"]) for r in rs)
+        mid = sorted(rs, key=lambda r: r["median_s"])[len(rs) // 2]  # the upper median's
+        fig = Figure(layout, statistics.median(medians), None, None, medians, mid)
+        if intervals and len(medians) >= MIN_TRIALS:
+            lo, hi = _interval(_resampled(fig))
+            fig = Figure(layout, fig.median_s, lo, hi, medians, mid)
+        out.append(fig)
+    return sorted(out, key=lambda f: (f.median_s, f.peak_mem_bytes or 0, f.layout))
+
+
+def ratio_interval(best: Figure, other: Figure) -> tuple[float, float]:
+    """The 95% interval of other/best (independent resamples of each); (0, inf) when
+    either has fewer than ``MIN_TRIALS`` trials."""
+    if best.n_trials < MIN_TRIALS or other.n_trials < MIN_TRIALS:
+        return (0.0, math.inf)
+    return _interval(_resampled(other) / _resampled(best))
+
+
+def _pruned(rows: list[dict[str, Any]], measured: set[Layout]) -> list[Layout]:
+    """Layouts early stopping stopped (a trial ``pruned``, not cancelled), but ``measured``."""
+    return sorted({(int(r["a2a"]), int(r["p2p"])) for r in rows
+                   if r.get("status") == "pruned"
+                   and not (r.get("error") or "").startswith("cancelled")} - measured)
+
+
+def spread(fig: Figure) -> float:
+    """The relative spread of a layout's trial medians: the sd of their logs (0 with
+    fewer than two trials)."""
+    if fig.n_trials < 2:
+        return 0.0
+    return statistics.stdev(math.log(m) for m in fig.medians)
+
+
+def _chi2_lower(df: int) -> float:
+    """The 20% quantile of chi-square with ``df`` degrees of freedom (Wilson-Hilferty)."""
+    h = 2.0 / (9.0 * df)
+    return df * max(0.05, 1 - h - POWER_Z * math.sqrt(h)) ** 3
+
+
+def trials_to_decide(best: Figure, other: Figure, tie_threshold: float,
+                     floor_spread: float = 0.01) -> int:
+    """Trials per layout (in all) at which the pair should settle or tie with 80% power.
+
+    The normal approximation of a ratio of two medians of n trials each: the 95% interval
+    of log(other/best) has half-width ``1.96 * sqrt(2) * 1.2533 * s / sqrt(n)`` (s: the
+    pooled sd of the log trial medians at its 80% upper bound, at least ``floor_spread``). To
+    settle, that
+    half-width must be below |log ratio| with 80% power; to tie, below the distance from
+    |log ratio| to log(1 + threshold). The smaller n wins (tests/engine/test_verdict.py's
+    simulation checks the suggestion settles >= 80% of such keys)."""
+    df = max(1, best.n_trials + other.n_trials - 2)
+    pooled = math.sqrt((spread(best) ** 2 * (best.n_trials - 1)
+                        + spread(other) ** 2 * (other.n_trials - 1)) / df)
+    # the spread of a few trials is often an underestimate: its 80% upper bound
+    # (chi-square, Wilson-Hilferty), so that the suggestion keeps its power
+    s = max(floor_spread, pooled) * math.sqrt(df / _chi2_lower(df))
+    d = abs(math.log(other.median_s / best.median_s))
+    se1 = math.sqrt(2) * MEDIAN_EFFICIENCY * s  # the s.e. of the log ratio at n = 1
+    gaps = [d, math.log1p(tie_threshold) - d]
+    need = [((INTERVAL_Z + POWER_Z) * se1 / g) ** 2 for g in gaps if g > 1e-9]
+    return max(MIN_TRIALS + 1, math.ceil(min(need))) if need else 10_000
+
+
+def decide(rows: list[dict[str, Any]], tie_threshold: float = TIE_THRESHOLD) -> Verdict:
+    """One key's verdict from its stored rows (any order; pure, deterministic)."""
+    figs = figures(rows)
+    # lost by early stopping: a layout stopped early that has no interval of its own (one
+    # with one, from MIN_TRIALS ok trials, is judged by it)
+    pruned = _pruned(rows, {f.layout for f in figs if f.n_trials >= MIN_TRIALS})
+    if not figs:
+        return Verdict("unsettled", [], {}, pruned, tie_threshold=tie_threshold)
+    best, others = figs[0], figs[1:]
+    ratios = {f.layout: ratio_interval(best, f) for f in others}
+    # not separated from the best; a layout early stopping stopped (and has no interval)
+    # lost on every step of a trial, beyond the best's noise and 5%: out
+    close = [f for f in others if ratios[f.layout][0] <= 1.0 and f.layout not in pruned]
+    if not others and not pruned:
+        kind = "unsettled"  # one layout measured: nothing was compared
+    elif not close and (best.n_trials >= MIN_TRIALS or not others):
+        kind = "settled"
+    elif close and all(1 - tie_threshold <= ratios[f.layout][0]
+                       and ratios[f.layout][1] <= 1 + tie_threshold for f in close):
+        kind = "tie"
+    else:
+        kind = "unsettled"
+    if kind == "tie":
+        tied = [best, *close]
+        lighter = min(tied, key=lambda f: (f.peak_mem_bytes or 0, f.median_s)).layout
+        return Verdict(kind, figs, ratios, pruned, lighter=lighter, tie_threshold=tie_threshold)
+    if kind == "settled":
+        return Verdict(kind, figs, ratios, pruned, tie_threshold=tie_threshold)
+    pending = close or [f for f in others if f.layout not in pruned]
+    need = {f.layout: trials_to_decide(best, f, tie_threshold) for f in pending}
+    best_need = max(need.values(), default=MIN_TRIALS + 1)
+    more = {best.layout: max(0, best_need - best.n_trials)}
+    more.update({f.layout: max(0, need[f.layout] - f.n_trials) for f in pending})
+    return Verdict(kind, figs, ratios, pruned, undecided=[best.layout, *(f.layout for f in pending)],
+                   more_trials=more, tie_threshold=tie_threshold)
+
+
+def summary(v: Verdict) -> str:
+    """The verdict in one line, with its error rate's source (docs/guides/ranking.md)."""
+    if v.best is None:
+        return "unsettled: no layout measured yet"
+    b = v.best.layout
+    if v.kind == "settled":
+        return (f"settled: [{b[0]},{b[1]}] is fastest; every other layout is slower with 95% "
+                "confidence")
+    if v.kind == "tie":
+        names = " ".join(f"[{a},{p}]" for a, p in v.tied)
+        lt = v.lighter
+        return (f"tie within {v.tie_threshold:.0%}: {names}; [{lt[0]},{lt[1]}] uses the least "
+                "memory")
+    names = " ".join(f"[{a},{p}]" for a, p in v.undecided)
+    more = max(v.more_trials.values(), default=0)
+    return f"unsettled: {names} not yet separated; about {more} more trial(s) each"
