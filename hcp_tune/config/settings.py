@@ -147,13 +147,15 @@ class SearchConfig:
         "doc": "stored failures to measure again", "choices": RETRY_CHOICES})
     purpose: Literal["tune", "regress"] = field(default="tune", metadata={
         "doc": "tune: find the fastest layout | regress: measurements for `regress` (never "
-               "early-stops: a pruned trial is not a measurement)"})
+               "early-stops, never adaptive: a pruned trial is not a measurement, and every "
+               "layout gets search.repeats trials)"})
 
     def __post_init__(self) -> None:
-        if self.purpose == "regress":  # every trial of a regress sweep is measured in full
+        if self.purpose == "regress":  # every trial of a regress sweep is measured in full,
+            # and every layout gets search.repeats of them: regress compares layouts at
+            # equal trials, whatever a ranking would have settled
             object.__setattr__(self, "early_stop", False)
-
-    def __post_init__(self) -> None:
+            object.__setattr__(self, "adaptive", False)
         if self.tie_threshold > 0.5:
             raise ConfigError(f"search.tie_threshold={self.tie_threshold}: expected a number "
                               "in 0..0.5, e.g. 0.02 (2%)")

@@ -316,6 +316,7 @@ def test_te_regression_preset_measures_every_layout_enough_times_to_confirm():
 
     cfg = config.load(["sweeps=te_regression"])
     assert cfg.search.repeats == 5 and cfg.search.early_stop is False
+    assert cfg.search.adaptive is False  # every layout gets its 5 trials
     assert cfg.search.purpose == "regress"  # never early-stops, whatever early_stop says
     assert cfg.runner.name == "attention" and len(cfg.seqs) >= 2
     script = (REPO / "scripts" / "te_regression.sh").read_text()

@@ -241,12 +241,14 @@ def test_the_recorded_injected_delay_is_confirmed_on_the_ring_only():
 # ---------------------------------------------------------------- search.purpose
 
 
-def test_a_regress_purpose_never_early_stops():
+def test_a_regress_purpose_never_early_stops_nor_measures_adaptively():
     from hcp_tune import config
     from hcp_tune.errors import ConfigError
 
-    cfg = config.load(["search.purpose=regress", "search.early_stop=true"])
-    assert cfg.search.early_stop is False
+    cfg = config.load(["search.purpose=regress", "search.early_stop=true",
+                       "search.adaptive=true"])
+    assert cfg.search.early_stop is False and cfg.search.adaptive is False
+    assert config.load([]).search.adaptive  # a tuning sweep stays adaptive by default
     assert config.load([]).search.purpose == "tune" and config.load([]).search.early_stop
     with pytest.raises(ConfigError, match=r"search.purpose='maybe': expected one of tune, "
                                           r"regress"):
