@@ -29,8 +29,8 @@ def count(counts: dict, key: Any, label: str) -> None:
 @dataclass
 class Member:
     """One trial of a running batch job: its spec (the key's m), and the runs that measure
-    it (``trials.point_specs``: runner=bridge runs each layout at two m, in order, in the
-    same job; any other trial is one run, its spec)."""
+    it (``trials.point_specs``: runner=bridge runs each layout at several m (pp, 2pp,
+    3pp), in order, in the same job; any other trial is one run, its spec)."""
 
     key: SweepKey
     study: Any
@@ -109,14 +109,14 @@ class SweepSummary:
 def runs_as_steps(cfg: SweepConfig) -> bool:
     """``executor.batch``: whether a job runs each trial's runs as steps in fresh processes
     (``auto``: for runner=bridge). Raises ``ConfigError`` for a runner=bridge sweep in one
-    process set whose trials are two Bridge runs (Bridge runs once per process set)."""
+    process set whose trials are several Bridge runs (Bridge runs once per process set)."""
     batch, runner = cfg.executor.batch, cfg.runner.name
     steps = batch == "steps" or (batch == "auto" and runner == "bridge")
     points = measure_points(cfg.pp, cfg.micro_batches)
     if runner == "bridge" and not steps and len(points) > 1:
         raise ConfigError(
             f"executor.batch={batch} with runner=bridge: each layout is measured by "
-            f"{len(points)} Bridge runs (m={' and '.join(map(str, points))} micro-batches, "
+            f"{len(points)} Bridge runs (m={', '.join(map(str, points))} micro-batches, "
             "then ranked at the user's m), and Bridge runs one per process set; use "
             "executor.batch=steps (or auto)")
     return steps
