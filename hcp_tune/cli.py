@@ -139,15 +139,8 @@ def cmd_sweep(args: list[str]) -> int:
 
     cfg = config.load(args)
     runner, reason = predict.resolve_runner(cfg.runner.name)
-    if cfg.runner.name == "auto" and runner != "model":
-        from hcp_tune.engine import dispatch
-
-        if dispatch.resolve_executor_name(cfg.executor.name) == "slurm":
-            small = dispatch.cannot_host(cfg)
-            if small:  # a login node of another cluster, or a one-node test cluster
-                runner, reason = "model", (
-                    f"runner=auto: {small}: predicting with the cost model; measure on a "
-                    "cluster that fits (or give runner=attention to submit anyway)")
+    if runner != "model":
+        runner, reason = _slurm_here(cfg, runner, reason)
     if runner != "model":  # it will write there: say so now, not after a job ran
         config.writable_dir(cfg.results_dir)
     ui.print_sweep_runner(reason)
@@ -169,6 +162,28 @@ def cmd_sweep(args: list[str]) -> int:
     recs = _own_recommendations(summary)
     ui.print_sweep_end(summary, recs, cfg.results_dir)
     return EXIT_FINDINGS if summary.aborted or not recs else EXIT_OK
+
+
+def _slurm_here(cfg, runner: str, reason: str) -> tuple[str, str]:
+    """Ask SLURM, before anything is written, whether it can run the sweep. Installed but
+    not answering: ``runner=auto`` predicts (saying why), an asked-for runner stops with
+    one line (exit 5). Answering without the nodes a trial needs: ``runner=auto`` predicts."""
+    from hcp_tune.engine import dispatch, slurm_probe
+
+    if dispatch.resolve_executor_name(cfg.executor.name) != "slurm":
+        return runner, reason
+    answer = slurm_probe.ask()
+    auto = cfg.runner.name == "auto"
+    if answer.error and (not auto or cfg.executor.name == "slurm"):
+        raise slurm_probe.refuse(answer, cfg.executor.name)
+    if answer.error:
+        return "model", (f"runner=auto: SLURM is installed but does not answer "
+                         f"({answer.error}): predicting with the cost model, nothing measured")
+    small = slurm_probe.cannot_host(cfg, answer) if auto else ""
+    if small:  # a login node of another cluster, or a one-node test cluster
+        return "model", (f"runner=auto: {small}: predicting with the cost model; measure on a "
+                         "cluster that fits (or give runner=attention to submit anyway)")
+    return runner, reason
 
 
 def _own_recommendations(summary) -> list[dict]:
@@ -319,9 +334,29 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+HELP = ("-h", "--help", "help")
+
+
+def usage_of(name: str) -> str:
+    """The usage of one command: its lines of ``USAGE`` (every line from ``  NAME `` to
+    the next command, subcommands such as ``results drop`` included) and the overrides'
+    syntax. A command added to ``COMMANDS`` and ``USAGE`` gets ``--help`` with no more."""
+    lines = USAGE.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(f"  {name} ")), None)
+    if start is None:
+        return USAGE
+    end = start + 1
+    while end < len(lines) and lines[end].startswith("   "):
+        end += 1
+    footer = lines[lines.index("overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] "
+                               "cluster=dgx-h200"):]
+    return "\n".join([f"usage: python -m hcp_tune {name} [key=value ...]", "",
+                      *lines[start:end], "", *footer])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv or argv[0] in HELP:
         print(USAGE)
         return EXIT_OK if argv else EXIT_USAGE
     name, args = argv[0], argv[1:]
@@ -331,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
 
         ui.error_line(f"unknown command {name!r}; expected one of: {', '.join(COMMANDS)}")
         return EXIT_USAGE
+    if any(a in HELP[:2] for a in args) or args[:1] == ["help"]:  # before any loading
+        print(usage_of(name))
+        return EXIT_OK
     try:
         return command(args)
     except HcpError as exc:
