@@ -33,6 +33,8 @@ commands:
             e.g. sweep cp=4 seq=[2048,4096] model=tiny cluster=local executor=slurm
   recommend the best measured layout for one key, as Bridge overrides
             e.g. recommend cluster=local model=tiny cp=4 seq=2048
+            with no key: every key measured on a cluster, one line each
+            e.g. recommend cluster=local [model=tiny] [env_tag=T] [format=csv|json|md]
   trial     run one layout once on this machine and print its result
             e.g. trial cp=4 seq=2048 model=tiny cluster=local a2a=2
   regress   compare two env tags' stored trials (ratios, intervals, verdicts; exit 1 a
@@ -233,8 +235,10 @@ def cmd_trial(args: list[str]) -> int:
 def cmd_recommend(args: list[str]) -> int:
     from hcp_tune import config
     from hcp_tune.engine.store import ResultStore
-    from hcp_tune.outputs import recommend
+    from hcp_tune.outputs import cluster_table, recommend
 
+    if cluster_table.is_listing(args):  # no key asked: every key of the cluster
+        return cluster_table.cmd_listing(args)
     cfg = config.load(args)
     if len(cfg.seqs) != 1 or len(cfg.tps) != 1:
         raise ConfigError("recommend answers one key: give one seq and one tp value")
@@ -246,6 +250,10 @@ def cmd_recommend(args: list[str]) -> int:
             "env_tag": cfg.env_tag if "env_tag" in given else None}
     recs = ResultStore(cfg.results_dir).recommendations()
     rec, near = recommend.answer(recs, want)
+    tags = sorted({str(r["env_tag"]) for r in recommend.find(recs, {**want, "env_tag": None})})
+    if rec and want["env_tag"] is None and len(tags) > 1:
+        print(f"recommend: read env_tag={rec['env_tag']} (the most measured); this key was "
+              f"measured under {', '.join(tags)}: env_tag=NAME picks one", file=sys.stderr)
     if rec:  # a row measured with HCP_TUNE_INJECT_DELAY is a test, never a recommendation
         from hcp_tune.engine.store import SweepKey
         from hcp_tune.outputs.regress import injected_warnings
@@ -291,6 +299,8 @@ def cmd_recommend(args: list[str]) -> int:
         if near:
             say("nearest measured keys:",
                 *(f"  {recommend.key_text(r)} -> [{r['a2a']},{r['p2p']}]" for r in near))
+        elif not cfg.results_dir.is_dir():
+            say(f"recommend: {config.no_such_folder(cfg.results_dir)}")
         else:
             say("nothing has been measured there yet: run `python -m hcp_tune sweep ...` first")
         if predicted:

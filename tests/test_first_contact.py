@@ -53,3 +53,41 @@ def test_asked_for_slurm_stops_with_one_line_and_submits_nothing(tmp_path, down_
     assert "`sinfo -h` failed (exit 1)" in lines[0] and "Unable to contact" in lines[0]
     jobs = tmp_path / "results" / "jobs"
     assert not jobs.exists() or not any(jobs.iterdir())
+
+
+@pytest.mark.parametrize("command", sorted(__import__("hcp_tune.cli").cli.COMMANDS))
+def test_help_on_every_command_prints_its_usage(command, capsys):
+    from hcp_tune import cli
+
+    assert cli.main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m hcp_tune {command} ")
+    assert f"  {command} " in out and "overrides use Hydra syntax" in out
+
+
+def test_a_broken_profile_is_named_with_its_path_and_line(tmp_path, monkeypatch, capsys):
+    from hcp_tune import cli
+
+    (tmp_path / "cluster").mkdir()
+    broken = tmp_path / "cluster" / "broken.yaml"
+    broken.write_text("name: broken\ngpus_per_node: 8\ndevice: cuda: x\n")
+    (tmp_path / "cluster" / "typo.yaml").write_text("name: typo\ngpus_per_node: eight\n")
+    monkeypatch.setenv("HCP_TUNE_CONFIG_PATH", str(tmp_path))
+    assert cli.main(["plan", "cp=8", "seq=131072", "cluster=broken"]) == 2
+    err = capsys.readouterr().err
+    assert f"{broken}:3:" in err and "not valid YAML" in err and "malformed override" not in err
+    assert cli.main(["plan", "cp=8", "cluster=typo"]) == 2
+    assert f"gpus_per_node='eight': expected an integer >= 1 (in {tmp_path}/cluster/typo.yaml:2)" \
+        in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["results"], ["report"], ["regress", "baseline=a", "candidate=b"],
+                                  ["recommend", "cluster=local"],
+                                  ["recommend", "cluster=local", "model=tiny", "cp=4", "seq=2048"]])
+def test_one_wording_for_a_missing_folder(tmp_path, capsys, args):
+    from hcp_tune import cli
+
+    missing = tmp_path / "nope"
+    cli.main([*args, f"results_dir={missing}"])
+    out = capsys.readouterr()
+    assert f"results_dir={missing}: no such folder" in " ".join((out.out + out.err).split())

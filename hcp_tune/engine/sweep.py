@@ -549,6 +549,7 @@ class Sweeper:
                 if len(m.points) > 1:
                     res.median_s = None  # steps at a run's m, not at the user's
                 self.record(run, m, res, results)
+                Path(m.spec.stop_path).unlink(missing_ok=True)  # the jobs are cancelled
         self.running = []
 
     # ---------------------------------------------------------------- the loop

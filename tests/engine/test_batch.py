@@ -118,7 +118,7 @@ def test_ctrl_c_reaches_the_trials_of_a_running_batch(slurm_cluster, tmp_path, m
     if mode == "steps":
         assert len(ids) == 1
     wait_for(lambda: not (ids & squeue_ids()), timeout_s=60, what="the jobs to leave squeue")
-    assert all((res / "trials" / f"{x['trial_id']}.stop").exists() for x in got)
+    assert not list((res / "trials").glob("*.stop"))  # Ctrl-C leaves no stop file behind
 
 
 @pytest.mark.slurm

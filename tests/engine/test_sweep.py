@@ -1,5 +1,7 @@
 """`sweep` end to end through the real local SLURM cluster (and the local executor):
 measured rows, ranking, recommendation, resume after SIGKILL, Ctrl-C, failed trials."""
+import csv
+import io
 import json
 
 import pandas as pd
@@ -14,6 +16,7 @@ from helpers import (
     result_file,
     rows,
     squeue_ids,
+    wait_for,
 )
 
 
@@ -45,6 +48,11 @@ def test_sweep_measures_ranks_and_recommends(slurm_cluster, tmp_path):
     r = hcp("recommend", "cluster=local", "model=tiny", "cp=4", "seq=8192", f"results_dir={res}")
     assert r.returncode == 3
     assert "nothing measured for" in r.stdout and "seq=2048" in r.stdout
+    # with no key: the cluster's whole table, one line per measured key (issue 31)
+    r = hcp("recommend", "cluster=local", "model=tiny", f"results_dir={res}", "format=csv")
+    assert r.returncode == 0, r.stderr
+    listed = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert sorted(int(x["seq"]) for x in listed) == [2048, 4096]
     # running it again measures nothing new
     r = hcp("sweep", "cp=4", "seq=[2048,4096]", *TINY, "executor=slurm", f"results_dir={res}")
     assert r.returncode == 0 and "0 trial(s) to run" in r.stdout
@@ -67,7 +75,10 @@ def test_ctrl_c_cancels_outstanding_jobs(slurm_cluster, tmp_path):
     res = tmp_path / "results"
     got, before = ctrl_c_once_submitted(res, "cp=2", "seq=1024")
     assert got and {x["status"] for x in got} == {"cancelled"}
-    assert not ({x["job_id"] for x in got} & squeue_ids() & before)
+    ids = {x["job_id"] for x in got} & before
+    # scancel is asynchronous: a cancelled job is COMPLETING in squeue for a moment
+    wait_for(lambda: not (ids & squeue_ids()), timeout_s=60, what="the jobs to leave squeue")
+    assert not list((res / "trials").glob("*.stop"))  # Ctrl-C leaves no stop file behind
 
 
 @pytest.mark.slurm
