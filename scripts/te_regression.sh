@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The regression benchmark's matrix (sweeps/te_regression.yaml): one sweep per model x cp,
-# every layout 3 times, all under the env tag you give. Run it before and after an upgrade:
+# every layout 5 times (search.repeats in the preset), all under the env tag you give. Run it
+# before and after an upgrade:
 #   scripts/te_regression.sh env_tag=te-2.9 [executor.container_image=... other overrides]
 #   scripts/te_regression.sh env_tag=te-2.10 [...]
 #   python -m hcp_tune regress baseline=te-2.9 candidate=te-2.10
