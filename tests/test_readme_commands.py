@@ -129,6 +129,30 @@ def measured_sweep(r, cwd):
     assert len(recs) == 1 + 2, recs  # header + seq 256 and 512
 
 
+def tagged_sweep(tag: str) -> Check:
+    """docs/quickstart.md's sweeps: two seqs measured under ``tag``, three trials a layout."""
+    def check(r, cwd):
+        assert r.returncode == 0, f"exit {r.returncode}"
+        assert "ranked:" in r.stdout
+        recs = (cwd / "results" / "recommendations.csv").read_text().splitlines()
+        assert sum(f",{tag}," in line for line in recs) == 2, recs
+    return check
+
+
+def cluster_listing(r, cwd):
+    """`recommend cluster=local model=tiny`: every measured key of the cluster, a line each."""
+    assert r.returncode == 0, f"exit {r.returncode}"
+    keys = [ln for ln in r.stdout.splitlines() if ln.startswith("tiny ")]
+    assert len(keys) >= 2 and any(" 256 " in k for k in keys) and any(" 512 " in k for k in keys)
+
+
+def regressed_tags(r, cwd):
+    """quickstart's regress of two tags measured by the same code: a table, and one of the
+    documented exits (0 nothing flagged, 1 a flag, 4 inconclusive)."""
+    assert r.returncode in (0, 1, 4), f"exit {r.returncode}"
+    assert "before" in r.stdout and "after" in r.stdout
+
+
 def found_recommendation(r, cwd):
     assert r.returncode == 0, f"exit {r.returncode}"
     assert "Bridge overrides:" in r.stdout and "model.context_parallel_size=2" in r.stdout
@@ -206,6 +230,15 @@ MAPPINGS = {
     "python -m hcp_tune trial cp=4 seq=2048 model=tiny cluster=local a2a=2": Mapping(
         ok_trial, SMALL, FAST),
     "python -m hcp_tune.calibrate rows.jsonl results_dir=results": Mapping(calibrated),
+    # docs/quickstart.md: two tags of the local sweep, the cluster's table, a regress
+    **{"python -m hcp_tune sweep cp=4 seq=[2048,4096] model=tiny cluster=local "
+       f"runner=attention executor=local search.repeats=3 env_tag={tag}": Mapping(
+           tagged_sweep(tag), SMALL, (*FAST, "search.early_stop=false"))
+       for tag in ("before", "after")},
+    "python -m hcp_tune recommend cluster=local model=tiny": Mapping(cluster_listing),
+    "python -m hcp_tune recommend cluster=local model=tiny cp=4 seq=2048 env_tag=before": Mapping(
+        found_recommendation, SMALL),
+    "python -m hcp_tune regress baseline=before candidate=after": Mapping(regressed_tags),
     "python -m hcp_tune regress baseline=te-2.9 candidate=te-2.10": Mapping(
         regress_without_those_tags),
     # settle=true reads the same rows first: the same documented bad-input exit
