@@ -91,9 +91,12 @@ def option_file(group: str, name: str) -> Optional[Path]:
                  .is_file()), None)
 
 
-def _at_line(problem: str, group: str, option: str, path: Path) -> str:
-    """``problem`` ending ``(in group/option.yaml)`` with the path and the key's line."""
+def _at_line(problem: str, group: str, option: str, path: Path, overrides: list[str]) -> str:
+    """``problem`` ending ``(in group/option.yaml)`` with the path and the key's line, or
+    with ``given on the command line`` when an override set that key."""
     m = re.match(rf"{group}\.(\w+)", problem)
+    if m and any(o.lstrip("+").startswith(f"{group}.{m.group(1)}=") for o in overrides):
+        return problem.replace(f"(in {group}/{option}.yaml)", "(given on the command line)")
     lines = path.read_text(errors="replace").splitlines()
     found = next((i for i, ln in enumerate(lines) if m and re.match(rf"{m.group(1)}\s*:", ln)),
                  None)
@@ -301,7 +304,8 @@ def load(overrides: list[str]) -> SweepConfig:
             text, option = str(exc), choices.get(name)
             path = option_file(name, option) if option else None
             if path:  # name the file as it is on disk, and the key's line in it
-                text = "\n".join(_at_line(ln, name, option, path) for ln in text.splitlines())
+                text = "\n".join(_at_line(ln, name, option, path, overrides)
+                                 for ln in text.splitlines())
             problems.append(text)
 
     top = {f.name: _group(cfg[f.name]) for f in dataclasses.fields(TopLevel)}
