@@ -358,8 +358,8 @@ def usage_of(name: str) -> str:
     end = start + 1
     while end < len(lines) and lines[end].startswith("   "):
         end += 1
-    footer = lines[lines.index("overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] "
-                               "cluster=dgx-h200"):]
+    footer = lines[next((i for i, ln in enumerate(lines) if ln.startswith("overrides ")),
+                        len(lines)):]
     return "\n".join([f"usage: python -m hcp_tune {name} [key=value ...]", "",
                       *lines[start:end], "", *footer])
 
