@@ -33,6 +33,8 @@ commands:
             e.g. sweep cp=4 seq=[2048,4096] model=tiny cluster=local executor=slurm
   recommend the best measured layout for one key, as Bridge overrides
             e.g. recommend cluster=local model=tiny cp=4 seq=2048
+            with no key: every key measured on a cluster, one line each
+            e.g. recommend cluster=local [model=tiny] [env_tag=T] [format=csv|json|md]
   trial     run one layout once on this machine and print its result
             e.g. trial cp=4 seq=2048 model=tiny cluster=local a2a=2
   regress   compare two env tags' stored trials (ratios, intervals, verdicts; exit 1 a
@@ -172,15 +174,8 @@ def cmd_sweep(args: list[str]) -> int:
 
     cfg = config.load(args)
     runner, reason = predict.resolve_runner(cfg.runner.name)
-    if cfg.runner.name == "auto" and runner != "model":
-        from hcp_tune.engine import dispatch
-
-        if dispatch.resolve_executor_name(cfg.executor.name) == "slurm":
-            small = dispatch.cannot_host(cfg)
-            if small:  # a login node of another cluster, or a one-node test cluster
-                runner, reason = "model", (
-                    f"runner=auto: {small}: predicting with the cost model; measure on a "
-                    "cluster that fits (or give runner=attention to submit anyway)")
+    if runner != "model":
+        runner, reason = _slurm_here(cfg, runner, reason)
     if runner != "model":  # it will write there: say so now, not after a job ran
         from hcp_tune.engine import rdb
 
@@ -205,6 +200,28 @@ def cmd_sweep(args: list[str]) -> int:
     recs = _own_recommendations(summary)
     ui.print_sweep_end(summary, recs, cfg.results_dir)
     return EXIT_FINDINGS if summary.aborted or not recs else EXIT_OK
+
+
+def _slurm_here(cfg, runner: str, reason: str) -> tuple[str, str]:
+    """Ask SLURM, before anything is written, whether it can run the sweep. Installed but
+    not answering: ``runner=auto`` predicts (saying why), an asked-for runner stops with
+    one line (exit 5). Answering without the nodes a trial needs: ``runner=auto`` predicts."""
+    from hcp_tune.engine import dispatch, slurm_probe
+
+    if dispatch.resolve_executor_name(cfg.executor.name) != "slurm":
+        return runner, reason
+    answer = slurm_probe.ask()
+    auto = cfg.runner.name == "auto"
+    if answer.error and (not auto or cfg.executor.name == "slurm"):
+        raise slurm_probe.refuse(answer, cfg.executor.name)
+    if answer.error:
+        return "model", (f"runner=auto: SLURM is installed but does not answer "
+                         f"({answer.error}): predicting with the cost model, nothing measured")
+    small = slurm_probe.cannot_host(cfg, answer) if auto else ""
+    if small:  # a login node of another cluster, or a one-node test cluster
+        return "model", (f"runner=auto: {small}: predicting with the cost model; measure on a "
+                         "cluster that fits (or give runner=attention to submit anyway)")
+    return runner, reason
 
 
 def _own_recommendations(summary) -> list[dict]:
@@ -254,8 +271,10 @@ def cmd_trial(args: list[str]) -> int:
 def cmd_recommend(args: list[str]) -> int:
     from hcp_tune import config
     from hcp_tune.engine.store import ResultStore
-    from hcp_tune.outputs import recommend
+    from hcp_tune.outputs import cluster_table, recommend
 
+    if cluster_table.is_listing(args):  # no key asked: every key of the cluster
+        return cluster_table.cmd_listing(args)
     cfg = config.load(args)
     if len(cfg.seqs) != 1 or len(cfg.tps) != 1:
         raise ConfigError("recommend answers one key: give one seq and one tp value")
@@ -269,6 +288,10 @@ def cmd_recommend(args: list[str]) -> int:
     store.refresh()  # a view of a team's database (search.storage, or the folder's): synced
     recs = store.recommendations()
     rec, near = recommend.answer(recs, want)
+    tags = sorted({str(r["env_tag"]) for r in recommend.find(recs, {**want, "env_tag": None})})
+    if rec and want["env_tag"] is None and len(tags) > 1:
+        print(f"recommend: read env_tag={rec['env_tag']} (the most measured); this key was "
+              f"measured under {', '.join(tags)}: env_tag=NAME picks one", file=sys.stderr)
     if rec:  # a row measured with HCP_TUNE_INJECT_DELAY is a test, never a recommendation
         from hcp_tune.engine.store import SweepKey
         from hcp_tune.outputs.regress import injected_warnings
@@ -314,6 +337,8 @@ def cmd_recommend(args: list[str]) -> int:
         if near:
             say("nearest measured keys:",
                 *(f"  {recommend.key_text(r)} -> [{r['a2a']},{r['p2p']}]" for r in near))
+        elif not cfg.results_dir.is_dir():
+            say(f"recommend: {config.no_such_folder(cfg.results_dir)}")
         else:
             say("nothing has been measured there yet: run `python -m hcp_tune sweep ...` first")
         if predicted:
@@ -357,9 +382,29 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+HELP = ("-h", "--help", "help")
+
+
+def usage_of(name: str) -> str:
+    """The usage of one command: its lines of ``USAGE`` (every line from ``  NAME `` to
+    the next command, subcommands such as ``results drop`` included) and the overrides'
+    syntax. A command added to ``COMMANDS`` and ``USAGE`` gets ``--help`` with no more."""
+    lines = USAGE.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(f"  {name} ")), None)
+    if start is None:
+        return USAGE
+    end = start + 1
+    while end < len(lines) and lines[end].startswith("   "):
+        end += 1
+    footer = lines[next((i for i, ln in enumerate(lines) if ln.startswith("overrides ")),
+                        len(lines)):]
+    return "\n".join([f"usage: python -m hcp_tune {name} [key=value ...]", "",
+                      *lines[start:end], "", *footer])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv or argv[0] in HELP:
         print(USAGE)
         return EXIT_OK if argv else EXIT_USAGE
     name, args = argv[0], argv[1:]
@@ -369,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
 
         ui.error_line(f"unknown command {name!r}; expected one of: {', '.join(COMMANDS)}")
         return EXIT_USAGE
+    if any(a in HELP[:2] for a in args) or args[:1] == ["help"]:  # before any loading
+        print(usage_of(name))
+        return EXIT_OK
     try:
         return command(args)
     except HcpError as exc:

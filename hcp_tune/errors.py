@@ -11,6 +11,7 @@ EXIT_FINDINGS = 1  # validate found at least one error in the user's Bridge conf
 EXIT_USAGE = 2  # bad input: override, config file, profile, preset, missing file
 EXIT_NOT_FOUND = 3  # recommend: no measured row for the asked key
 EXIT_INCONCLUSIVE = 4  # regress: nothing confirmed, but a layout needs more trials to decide
+EXIT_UNREACHABLE = 5  # sweep: SLURM was asked for but its controller does not answer
 
 
 class HcpError(ValueError):

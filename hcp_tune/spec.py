@@ -213,15 +213,33 @@ def result_from_json(text: str) -> TrialResult:
     return _from_dict(TrialResult, json.loads(text))
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (a sweep's
+    threads may create files meanwhile); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_open(path: str, mode: str = "w") -> Iterator[IO]:
     """A file to write that replaces ``path`` only when the block ends without an error
     (flushed and fsynced first), so readers see the old file or the new one, never half;
-    on an error the partial file is removed. ``mode``: "w" or "wb"."""
+    on an error the partial file is removed. ``mode``: "w" or "wb". The file gets the mode
+    ``open`` would give it (0666 less the umask: 0644 under umask 022, so teammates on a
+    shared file system can read results), not mkstemp's private 0600."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

@@ -10,8 +10,12 @@ reference cannot drift from the code. Three kinds:
 - ``performance/*.md``: one page per ``benchmarks/RESULTS-*.md`` (copied as it is) and an
   index that says, for each, whether the script stamped it (date, commit, load).
 
-``python scripts/docs_pages.py OUT_DIR`` writes the same pages into a folder (to look at
-them without mkdocs). Imports only the standard library, PyYAML and hcp_tune.
+Each of them is committed in ``docs/`` as a short stub that links to its source, so that a
+link to it works when the docs are read in the repository too; the hook puts the generated
+page in its place on the site. A stub that is missing or out of date fails the strict build
+(and ``tests/test_docs_links.py``); ``python scripts/docs_pages.py --stubs`` writes them.
+``python scripts/docs_pages.py OUT_DIR`` writes the generated pages into a folder (to look
+at them without mkdocs). Imports only the standard library, PyYAML and hcp_tune.
 """
 from __future__ import annotations
 
@@ -169,16 +173,73 @@ def all_pages() -> dict[str, str]:
             "reference/rules-table.md": rules_table_page(), **performance_pages()}
 
 
+# ------------------------------------------------------------------ stubs in docs/
+STUB_MARK = "<!-- a stub: scripts/docs_pages.py puts the generated page here on the site -->"
+
+
+def _sources(path: str) -> list[str]:
+    """The repository files a generated page is made from (relative to the repo root)."""
+    if path == "reference/config-keys.md":
+        return ["hcp_tune/config/settings.py", "hcp_tune/config/cluster.py",
+                "hcp_tune/config/model.py", "conf/config.yaml"]
+    if path == "reference/rules-table.md":
+        return ["hcp_tune/upstream/rules.py"]
+    if path == "performance/index.md":
+        return [f"benchmarks/{p.name}" for p in sorted((REPO / "benchmarks").glob("RESULTS-*.md"))]
+    return [f"benchmarks/RESULTS-{Path(path).stem}.md"]
+
+
+def stub_pages(pages: dict[str, str] | None = None) -> dict[str, str]:
+    """What ``docs/`` holds for each generated page: its title and links to its sources
+    (which exist in the repository; the site shows the generated page instead)."""
+    stubs = {}
+    for path, content in (pages or all_pages()).items():
+        title = next((ln.lstrip("# ").strip() for ln in content.splitlines()
+                      if ln.startswith("# ")), Path(path).stem)
+        up = "../" * (path.count("/") + 1)  # from docs/<path> to the repository root
+        links = "\n".join(f"- [`{src}`]({up}{src})" for src in _sources(path))
+        stubs[path] = (f"{STUB_MARK}\n# {title}\n\nThis page is generated from the code when "
+                       "the docs site is built (`mkdocs build`; `python scripts/docs_pages.py "
+                       f"OUT_DIR` writes it without mkdocs). Read in the repository, its source "
+                       f"is:\n\n{links}\n")
+    return stubs
+
+
+def stale_stubs(docs: Path, pages: dict[str, str] | None = None) -> list[str]:
+    """The stubs of ``docs`` that are missing or differ from ``stub_pages``."""
+    return [path for path, text in stub_pages(pages).items()
+            if not (docs / path).is_file() or (docs / path).read_text() != text]
+
+
 # ------------------------------------------------------------------ mkdocs hook
 def on_files(files, config):
+    import logging
+
     from mkdocs.structure.files import File
 
-    for path, content in all_pages().items():
+    pages = all_pages()
+    stale = stale_stubs(Path(config["docs_dir"]), pages)
+    if stale:  # a warning fails `mkdocs build --strict` (CI)
+        logging.getLogger("mkdocs.hooks.docs_pages").warning(
+            "docs stubs missing or out of date: %s; run `python scripts/docs_pages.py --stubs`",
+            ", ".join(stale))
+    for path, content in pages.items():
+        committed = files.get_file_from_path(path)
+        if committed is not None:
+            files.remove(committed)
         files.append(File.generated(config, path, content=content))
     return files
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--stubs"]:
+        for path, text in stub_pages().items():
+            target = REPO / "docs" / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.is_file() or target.read_text() != text:
+                target.write_text(text)
+                print(target)
+        sys.exit(0)
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "site-pages")
     for path, content in all_pages().items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@
 #   scripts/slurm-local.sh start    install slurm-wlm + munge if missing, write the config,
 #                                   start munged, slurmctld, slurmd; wait until the node is idle
 #   scripts/slurm-local.sh stop     stop the daemons this script started
+#                                   (an interrupted `start` stops those it had started)
 #   scripts/slurm-local.sh status   say what runs and what sinfo reports
 #
 # The node advertises more than the machine has (16 CPUs, 8 GPUs backed by plain files)
@@ -87,6 +88,17 @@ EOF
 
 pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+STARTED=()  # the daemons this `start` began, stopped again if it is interrupted
+interrupted() {
+    trap - INT TERM
+    log "interrupted: stopping the daemons this start began (${STARTED[*]:-none})"
+    local i
+    for ((i = ${#STARTED[@]} - 1; i >= 0; i--)); do
+        stop_pidfile "${STARTED[i]}" "$STATE_DIR/run/${STARTED[i]}.pid"
+    done
+    exit 130
+}
+
 start_munge() {
     if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
         log "munged already answers"
@@ -105,6 +117,7 @@ start_munge() {
     log "starting munged"
     runuser -u munge -- munged
     cp /run/munge/munged.pid "$STATE_DIR/run/munged.pid" 2>/dev/null || true
+    STARTED+=(munged)
     local i
     for ((i = 0; i < 20; i++)); do
         munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && return
@@ -132,15 +145,18 @@ start() {
         log "already running; node $HOST is $(node_state)"
         return
     fi
+    trap interrupted INT TERM
     write_config
     start_munge
     if ! pid_alive "$STATE_DIR/run/slurmctld.pid"; then
         log "starting slurmctld"
         slurmctld || { dump_logs; die "slurmctld failed to start"; }
+        STARTED+=(slurmctld)
     fi
     if ! pid_alive "$STATE_DIR/run/slurmd.pid"; then
         log "starting slurmd"
         slurmd || { dump_logs; die "slurmd failed to start"; }
+        STARTED+=(slurmd)
     fi
     log "waiting up to ${WAIT_S}s for node $HOST to become idle"
     local deadline=$((SECONDS + WAIT_S)) state=""

@@ -3,6 +3,14 @@
 # Slurm tests start the local cluster (scripts/slurm-local.sh) when it is not up, and skip
 # if it cannot come up, unless HCP_TUNE_REQUIRE_SLURM=1 (CI), which makes them fail.
 # HCP_TUNE_VENV names another venv (CI's Python 3.12 lane: .venv312).
+#
+#   scripts/test.sh quick [pytest args]: the tests that need no root, no apt and no SLURM
+#   (not the slurm, wheel, readme and multiproc marks; under 5 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == quick ]]; then
+    shift
+    export HCP_TUNE_QUICK=1  # a test that still asks for the SLURM cluster skips
+    set -- -m "not slurm and not wheel and not readme and not multiproc" "$@"
+fi
 "${HCP_TUNE_VENV:-.venv}/bin/python" -m pytest -q "$@"

@@ -33,9 +33,15 @@ def _node_ready() -> bool:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> None:
+def slurm_cluster():
+    """The local cluster: used as it is when it answers; otherwise started here and stopped
+    again when the session ends, also when it is interrupted (pytest finalises session
+    fixtures on Ctrl-C), so a test run leaves no daemon it started behind."""
     if _node_ready():
+        yield
         return
+    if os.environ.get("HCP_TUNE_QUICK") == "1":
+        pytest.skip("scripts/test.sh quick: no SLURM (it needs root and apt)")
     script = REPO / "scripts" / "slurm-local.sh"
     run = subprocess.run([str(script), "start"], capture_output=True, text=True, timeout=900)
     if run.returncode != 0:
@@ -44,6 +50,10 @@ def slurm_cluster() -> None:
         if os.environ.get("HCP_TUNE_REQUIRE_SLURM") == "1":
             pytest.fail(reason + " [HCP_TUNE_REQUIRE_SLURM=1]", pytrace=False)
         pytest.skip(reason)
+    try:
+        yield
+    finally:
+        subprocess.run([str(script), "stop"], capture_output=True, text=True, timeout=120)
 
 
 from pathlib import Path

@@ -185,13 +185,14 @@ def test_malformed_cluster_profile_names_the_key(tmp_path):
     r = run("plan", "cluster=mine", env={"HCP_TUNE_CONFIG_PATH": str(tmp_path)})
     assert r.returncode == 2
     assert "cluster.gpus_per_nodes: unknown key; valid keys are: name, device" in r.stderr
-    assert r.stderr.rstrip().endswith("(in cluster/mine.yaml)")
+    assert r.stderr.rstrip().endswith(f"(in {tmp_path}/cluster/mine.yaml:3)")  # path and line
     (tmp_path / "cluster" / "mine.yaml").write_text(
         "device: cuda\ngpu_name: x\ngpus_per_node: many\nintra_node_bw_gbs: 1\n"
         "inter_node_bw_gbs: 1\npeak_bf16_tflops: 1\ngpu_memory_gib: 1\n"
     )
     r = run("plan", "cluster=mine", env={"HCP_TUNE_CONFIG_PATH": str(tmp_path)})
-    assert "cluster.gpus_per_node='many': expected an integer >= 1 (in cluster/mine.yaml)" in r.stderr
+    where = f"(in {tmp_path}/cluster/mine.yaml:3)"
+    assert f"cluster.gpus_per_node='many': expected an integer >= 1 {where}" in r.stderr
 
 
 def test_user_cluster_profile_is_one_yaml_file(tmp_path):

@@ -23,7 +23,7 @@ from hcp_tune.config.model import ModelSpec, model_from_mapping
 from hcp_tune.config.recipes import recipe_for, recipe_named
 from hcp_tune.config.schema import from_mapping
 from hcp_tune.config.settings import ExecutorConfig, RunnerConfig, SearchConfig, TopLevel
-from hcp_tune.errors import ConfigError
+from hcp_tune.errors import ConfigError, InputFileError
 from hcp_tune.upstream.pipeline import Recompute
 from hcp_tune.upstream.rules import BY_ID, Facts, evaluate
 
@@ -54,7 +54,10 @@ def group_options(group: str) -> list[str]:
 
 
 def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
-    """One line for a Hydra exception, naming the user's override."""
+    """One line for a Hydra exception, naming the user's override, or the file at fault."""
+    broken = _broken_file(exc)
+    if broken:
+        return ConfigError(broken)
     text = str(exc)
     m = re.search(r"Could not find '([\w.-]+)/([^']+)'", text)
     if m:
@@ -80,6 +83,42 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
         f"malformed override {bad or ' '.join(overrides)!r}: {first}; "
         "expected KEY=VALUE in Hydra syntax, e.g. cp=8 seq=[65536,131072] cluster=dgx-h100"
     )
+
+
+def option_file(group: str, name: str) -> Optional[Path]:
+    """The file that option ``group=name`` comes from (conf/ first, then the search path)."""
+    return next((p for r in (CONF_DIR, *search_dirs()) if (p := r / group / f"{name}.yaml")
+                 .is_file()), None)
+
+
+def _at_line(problem: str, group: str, option: str, path: Path, overrides: list[str]) -> str:
+    """``problem`` ending ``(in group/option.yaml)`` with the path and the key's line, or
+    with ``given on the command line`` when an override set that key."""
+    m = re.match(rf"{group}\.(\w+)", problem)
+    if m and any(o.lstrip("+").startswith(f"{group}.{m.group(1)}=") for o in overrides):
+        return problem.replace(f"(in {group}/{option}.yaml)", "(given on the command line)")
+    lines = path.read_text(errors="replace").splitlines()
+    found = next((i for i, ln in enumerate(lines) if m and re.match(rf"{m.group(1)}\s*:", ln)),
+                 None)
+    where = f"{path}:{found + 1}" if found is not None else str(path)
+    return problem.replace(f"(in {group}/{option}.yaml)", f"(in {where})")
+
+
+def _broken_file(exc: BaseException) -> str:
+    """A YAML file Hydra could not parse (a profile, a preset, conf/), as ``path:line:
+    the problem``; '' when the exception is not about a file."""
+    import yaml
+
+    seen = 0
+    while exc is not None and seen < 8:
+        mark = getattr(exc, "problem_mark", None)
+        if isinstance(exc, yaml.MarkedYAMLError) and mark is not None:
+            where = mark.name if os.path.isfile(mark.name) else "a config file"
+            problem = " ".join(str(exc.problem or exc.context or "not valid YAML").split())
+            return (f"{where}:{mark.line + 1}:{mark.column + 1}: not valid YAML ({problem}); "
+                    "fix that file (the command line's overrides are not at fault)")
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return ""
 
 
 def top_level_keys() -> list[str]:
@@ -183,6 +222,18 @@ def _group(node: Any) -> Any:
     return node
 
 
+def no_such_folder(path: Path, key: str = "results_dir") -> str:
+    """The one wording, in every command, for a results folder that does not exist."""
+    return f"{key}={path}: no such folder; give the folder a sweep wrote ({key}=PATH)"
+
+
+def existing_dir(path: Path, key: str = "results_dir") -> Path:
+    """``path`` when it is a folder, else one InputFileError line (``no_such_folder``)."""
+    if not Path(path).is_dir():
+        raise InputFileError(no_such_folder(path, key))
+    return Path(path)
+
+
 def writable_dir(path: Path, key: str = "results_dir") -> Path:
     """``path`` created if needed and proven writable (a file made and removed), or one
     ConfigError line naming ``key``: before a command that writes there starts anything."""
@@ -250,7 +301,12 @@ def load(overrides: list[str]) -> SweepConfig:
         try:
             values[name] = fn(*args)
         except ConfigError as exc:
-            problems.append(str(exc))
+            text, option = str(exc), choices.get(name)
+            path = option_file(name, option) if option else None
+            if path:  # name the file as it is on disk, and the key's line in it
+                text = "\n".join(_at_line(ln, name, option, path, overrides)
+                                 for ln in text.splitlines())
+            problems.append(text)
 
     top = {f.name: _group(cfg[f.name]) for f in dataclasses.fields(TopLevel)}
     check("top", from_mapping, TopLevel, top, "")

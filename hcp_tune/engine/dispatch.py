@@ -34,9 +34,11 @@ from submitit.core.utils import JobPaths
 
 from hcp_tune.config.settings import EXECUTOR_NAMES, ExecutorConfig  # the executor group, typed
 from hcp_tune.errors import ConfigError, one_line
+from hcp_tune.engine.slurm_probe import cannot_host, partition_nodes  # moved there
 from hcp_tune.job.steps import StepLaunch  # what a steps batch's driver is handed
 
-__all__ = ["EXECUTOR_NAMES", "ExecutorConfig"]  # re-exported: callers build it from here too
+# re-exported: callers build the executor from here, and read sinfo's partitions
+__all__ = ["EXECUTOR_NAMES", "ExecutorConfig", "cannot_host", "partition_nodes"]
 
 def resolve_executor_name(name: str) -> str:
     """``auto`` becomes ``slurm`` when ``sbatch`` is on PATH, else ``local``."""
@@ -250,56 +252,6 @@ def submit_array(executor: Any, fn: Callable[..., Any], args_list: Sequence[Sequ
         for args in args_list:
             jobs.append(executor.submit(fn, *args))
     return [_handle(job, _executor_kind(executor), executor.folder) for job in jobs]
-
-
-_GRES_GPUS = re.compile(r"gpu(?::[^:,()]+)?:(\d+)")
-
-
-def partition_nodes(sinfo_text: str, partition: Optional[str], gpus: int) -> int:
-    """Nodes of ``partition`` (the default one, marked ``*``, when None) with at least
-    ``gpus`` GPUs in their gres, from ``sinfo -h -o '%P|%D|%G'`` lines (fields after the
-    third are ignored)."""
-    total = 0
-    for line in sinfo_text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) < 3 or not parts[1].isdigit():
-            continue
-        name, nodes, gres = parts[:3]
-        if name.rstrip("*") != partition if partition else not name.endswith("*"):
-            continue
-        have = max((int(n) for n in _GRES_GPUS.findall(gres)), default=0)
-        total += int(nodes) if have >= gpus else 0
-    return total
-
-
-def cannot_host(cfg: Any) -> str:
-    """Why this machine's SLURM cannot run the sweep's smallest trial ('' when it can, or
-    when that cannot be told): a GPU profile's trial of tp*cp*dp ranks (the smallest tp)
-    needs ceil(ranks / gpus_per_node) nodes with that many GPUs each in the partition.
-    ``runner=auto`` then predicts instead of submitting jobs SLURM would never start."""
-    gpus_per_node = cfg.executor.gpus_per_node
-    if gpus_per_node is None:
-        gpus_per_node = cfg.cluster.gpus_per_node
-    if cfg.cluster.device != "cuda" or gpus_per_node < 1 or not shutil.which("sinfo"):
-        return ""
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P|%D|%G"], capture_output=True,
-                             text=True, timeout=20, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    if out.returncode != 0:
-        return ""
-    ranks = min(cfg.tps or (1,)) * cfg.cp * cfg.dp
-    per_node = min(gpus_per_node, ranks)
-    need = math.ceil(ranks / gpus_per_node)
-    have = partition_nodes(out.stdout, cfg.executor.partition, per_node)
-    if have >= need:
-        return ""
-    where = f"partition {cfg.executor.partition}" if cfg.executor.partition else \
-        "the default partition"
-    return (f"SLURM here has {have} node(s) with {per_node} GPU(s) in {where}; the smallest "
-            f"trial of cluster={cfg.cluster.name} needs {ranks} ranks on {need} node(s) of "
-            f"{gpus_per_node} GPUs")
 
 
 def attach(folder: str | Path, job_id: str, executor_name: str) -> JobHandle:

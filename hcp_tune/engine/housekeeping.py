@@ -20,6 +20,7 @@ from typing import Optional
 from hcp_tune.engine.store import JOURNALS, LEDGER_FILE, LEGACY_JOURNAL, ResultStore
 from hcp_tune.spec import atomic_write_text
 from hcp_tune.errors import HcpError
+from hcp_tune.spec import current_umask
 
 SWEEPS = "sweeps"  # sweeps/<host>-<pid>-<n>.running: a sweep is running on the folder
 ARCHIVE = "archive"  # archive/<env_tag>/: a tag's keys that ``results archive`` moved
@@ -39,6 +40,7 @@ def mark_sweep(store: ResultStore) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         fd, path = tempfile.mkstemp(dir=folder, prefix=f"{socket.gethostname()}-"
                                     f"{os.getpid()}-", suffix=".running")
+        os.fchmod(fd, 0o666 & ~current_umask())  # readable by teammates, as open() would
         with os.fdopen(fd, "w") as handle:
             json.dump({"host": socket.gethostname(), "pid": os.getpid(),
                        "argv": sys.argv}, handle)

@@ -11,6 +11,7 @@ The Sweeper owns the state these methods use (``store``, ``queue``, ``running``,
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.engine import dispatch
@@ -213,4 +214,5 @@ class Collector:
                 if len(m.points) > 1:
                     res.median_s = None  # steps at a run's m, not at the user's
                 self.record(run, m, res, results)
+                Path(m.spec.stop_path).unlink(missing_ok=True)  # the jobs are cancelled
         self.running = []

@@ -88,11 +88,9 @@ def cmd_results(args: list[str]) -> int:
 
 
 def _folder(a: dict[str, str]) -> Path:
-    results_dir = Path(a.get("results_dir", "results")).resolve()
-    if not results_dir.is_dir():
-        raise RegressError(f"results_dir={results_dir}: no such folder; give the folder a "
-                           "sweep wrote (results_dir=PATH)")
-    return results_dir
+    from hcp_tune.config import existing_dir
+
+    return existing_dir(Path(a.get("results_dir", "results")).resolve())
 
 
 def cmd_take(action: str, args: list[str]) -> int:

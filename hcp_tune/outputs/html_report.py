@@ -133,6 +133,8 @@ def report_page(keys: list[KeySummary], title: str) -> str:
              for s in k.layouts]))
         front = sorted((s for s in k.layouts if s.pareto), key=lambda s: s.median_s)
         mem = lambda s: (s.peak_mem_bytes or 0) / 2**30  # noqa: E731
+        # a CPU trial's peak is RSS growth, often 0: an axis of zeros is no chart
+        memory = any(s.peak_mem_bytes for s in k.layouts)
         scatter = svg.XYChart(
             "pareto", "median step time (s)", "peak memory (GiB)",
             [svg.Point(s.median_s, mem(s), s.label, 1 if s.pareto else 0,
@@ -149,7 +151,8 @@ def report_page(keys: list[KeySummary], title: str) -> str:
             spread.marks += [svg.Mark(i, t, 0) for t in s.steps_s]
             spread.marks.append(svg.Mark(i, s.median_s, 1, shape="tick",
                                          title=f"{s.label} median {s.median_s:.4g} s"))
-        plots = [svg.xy_chart(scatter), svg.rows_chart(spread)]
+        plots = [svg.xy_chart(scatter)] if memory else []
+        plots.append(svg.rows_chart(spread))
         predicted = [s for s in k.layouts if s.predicted_s]
         if predicted:
             plots.append(svg.xy_chart(svg.XYChart(
@@ -157,6 +160,9 @@ def report_page(keys: list[KeySummary], title: str) -> str:
                 [svg.Point(s.median_s, s.predicted_s, s.label) for s in predicted],
                 diagonal=True)))
         body.append('<div class="plots">' + "".join(plots) + "</div>")
+        if not memory:
+            body.append('<p class="note">no time-memory chart: no trial of this key measured '
+                        "a peak memory above 0 (a CPU trial records its RSS growth, often 0)</p>")
         if predicted:
             body.append(f'<p class="note">prediction: {svg.esc(k.prediction_label)}</p>')
     return page(title, body)

@@ -156,7 +156,7 @@ def test_bad_aggregate_bandwidth_is_one_line():
     with pytest.raises(ConfigError) as exc:
         config.load(["cluster=pcie-l20", "cluster.node_aggregate_bw_gbs=-5"])
     assert str(exc.value) == ("cluster.node_aggregate_bw_gbs=-5: expected null or a number "
-                              "of GB/s > 0 (in cluster/pcie-l20.yaml)")
+                              "of GB/s > 0 (given on the command line)")
 
 
 @pytest.mark.parametrize("cluster_name", ["pcie-a100", "pcie-l20"])

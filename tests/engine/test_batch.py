@@ -49,18 +49,6 @@ def test_batch_reuses_groups_and_proof_within_a_layout(tmp_path):
 
 
 @pytest.mark.multiproc
-def test_planted_cp_off_is_caught_in_a_batch_and_never_ranked(tmp_path):
-    res = tmp_path / "results"
-    r = hcp("sweep", "cp=2", "seq=[256,512]", *BATCH,
-            "executor=local", f"results_dir={res}", fault="cp_off")
-    assert r.returncode == 1, r.stdout + r.stderr
-    got = rows(res)
-    assert len(got) == 4 and {(x["status"], x["failure_class"]) for x in got} == {
-        ("invalid", "numerics")}
-    assert not [x for x in got if x["median_s"]]
-
-
-@pytest.mark.multiproc
 def test_middle_trial_crashing_its_processes_reruns_the_rest_in_a_new_job(tmp_path):
     res = tmp_path / "results"
     r = hcp("sweep", "cp=2", "seq=[256,512,1024]", *BATCH,
@@ -118,7 +106,7 @@ def test_ctrl_c_reaches_the_trials_of_a_running_batch(slurm_cluster, tmp_path, m
     if mode == "steps":
         assert len(ids) == 1
     wait_for(lambda: not (ids & squeue_ids()), timeout_s=60, what="the jobs to leave squeue")
-    assert all((res / "trials" / f"{x['trial_id']}.stop").exists() for x in got)
+    assert not list((res / "trials").glob("*.stop"))  # Ctrl-C leaves no stop file behind
 
 
 @pytest.mark.slurm

@@ -247,3 +247,25 @@ def test_dp_mbs_and_micro_batches_join_the_key_and_older_rows_read_as_1():
         assert not other.holds(old) and other.holds({**old, **change})
         assert other.slug != base.slug
     assert SweepKey.of(old) == base
+
+
+@pytest.mark.parametrize("mask, want", [(0o022, 0o644), (0o077, 0o600)])
+def test_outputs_honour_the_umask(tmp_path, mask, want):
+    """Teammates on a shared file system read the results: every output gets the mode
+    open() would give it (mkstemp alone made them 0600 under any umask)."""
+    import os
+    import stat
+
+    old = os.umask(mask)
+    try:
+        store = ResultStore(tmp_path)
+        store.add(row(2, 1.0), KEY)
+        store.rebuild()
+    finally:
+        os.umask(old)
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"]
+    assert (tmp_path / "trials.csv") in written and (tmp_path / "recommendations.csv") in written
+    for path in written:
+        if "journals" in path.parts:  # optuna's own journal
+            continue
+        assert stat.S_IMODE(path.stat().st_mode) == want, path

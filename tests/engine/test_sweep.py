@@ -1,5 +1,8 @@
 """`sweep` end to end through the real local SLURM cluster (and the local executor):
-measured rows, ranking, recommendation, resume after SIGKILL, Ctrl-C, failed trials."""
+measured rows, ranking, recommendation, failed trials. Resume after SIGKILL and Ctrl-C of
+a sweep are in test_batch.py (a sweep's trials of one world size run as one batch)."""
+import csv
+import io
 import json
 
 import pandas as pd
@@ -8,9 +11,7 @@ import pytest
 from hcp_tune.engine import dispatch
 from helpers import (
     TINY,
-    ctrl_c_once_submitted,
     hcp,
-    kill_after_first_row_and_resume,
     result_file,
     rows,
     squeue_ids,
@@ -45,29 +46,15 @@ def test_sweep_measures_ranks_and_recommends(slurm_cluster, tmp_path):
     r = hcp("recommend", "cluster=local", "model=tiny", "cp=4", "seq=8192", f"results_dir={res}")
     assert r.returncode == 3
     assert "nothing measured for" in r.stdout and "seq=2048" in r.stdout
+    # with no key: the cluster's whole table, one line per measured key (issue 31)
+    r = hcp("recommend", "cluster=local", "model=tiny", f"results_dir={res}", "format=csv")
+    assert r.returncode == 0, r.stderr
+    listed = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert sorted(int(x["seq"]) for x in listed) == [2048, 4096]
     # running it again measures nothing new
     r = hcp("sweep", "cp=4", "seq=[2048,4096]", *TINY, "executor=slurm", f"results_dir={res}")
     assert r.returncode == 0 and "0 trial(s) to run" in r.stdout
     assert len(rows(res)) == 6
-
-
-@pytest.mark.slurm
-def test_killed_sweep_resumes_without_losing_or_rerunning(slurm_cluster, tmp_path):
-    res = tmp_path / "results"
-    args = ["sweep", "cp=4", "seq=2048", *TINY, "executor=slurm", "executor.array_parallelism=1",
-            f"results_dir={res}"]
-    first, after, out = kill_after_first_row_and_resume(res, args)
-    assert "resumed:" in out
-    assert sorted((x["a2a"], x["status"]) for x in after.values()) == [
-        (1, "ok"), (2, "ok"), (4, "ok")]
-
-
-@pytest.mark.slurm
-def test_ctrl_c_cancels_outstanding_jobs(slurm_cluster, tmp_path):
-    res = tmp_path / "results"
-    got, before = ctrl_c_once_submitted(res, "cp=2", "seq=1024")
-    assert got and {x["status"] for x in got} == {"cancelled"}
-    assert not ({x["job_id"] for x in got} & squeue_ids() & before)
 
 
 @pytest.mark.slurm
@@ -112,7 +99,10 @@ def test_planted_cp_off_is_never_ranked(tmp_path):
             f"results_dir={res}", fault="cp_off")
     assert r.returncode == 1, r.stdout + r.stderr  # nothing proved CP active: nothing measured
     assert "nothing measured: 2 trial(s) failed or were invalid (invalid: 2)" in r.stderr
-    assert {x["status"] for x in rows(res)} == {"invalid"}
+    got = rows(res)  # both layouts ran in one job (a batch of processes, trials_per_job=auto)
+    assert len({x["job_id"] for x in got}) == 1
+    assert {(x["status"], x["failure_class"]) for x in got} == {("invalid", "numerics")}
+    assert not [x for x in got if x["median_s"]]
     r = hcp("recommend", "cluster=local", "model=tiny", "cp=2", "seq=1024", f"results_dir={res}")
     assert r.returncode == 3
 

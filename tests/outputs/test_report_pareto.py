@@ -41,3 +41,24 @@ def test_a_report_of_every_key_read_a_key_folder_at_a_time_is_the_same_page(tmp_
     by_key = _every_key(root, pick)
     assert len(by_key) == 4 and [k.key for k in by_key] == [k.key for k in at_once]
     assert html_report.report_page(by_key, "t") == html_report.report_page(at_once, "t")
+
+
+def test_no_memory_chart_where_nothing_measured_memory():
+    """CPU trials record RSS growth, often 0: their time-memory chart had an axis from
+    -1e-09 to 1e-09. The page says why there is no chart instead."""
+    from hcp_tune.outputs import html_report
+    from hcp_tune.outputs.report import KeySummary
+
+    def page(mems):
+        layouts = [LayoutSummary(a, 4 // a, "a2a+p2p", 3, 1.0 + a / 10, m, [1.0, 1.1])
+                   for a, m in zip((1, 2, 4), mems)]
+        pareto(layouts)
+        key = KeySummary({k: 1 for k in ("cluster", "model", "tp", "pp", "cp", "seq",
+                                         "runner", "env_tag", "dp", "mbs", "micro_batches")},
+                         layouts)
+        return html_report.report_page([key], "report")
+
+    for mems in ([0, 0, None], [0, 0, 0]):
+        assert "peak memory (GiB)" not in page(mems) and "no time-memory chart" in page(mems)
+    measured = page([1 << 30, 2 << 30, 3 << 30])
+    assert "no time-memory chart" not in measured and "peak memory (GiB)" in measured

@@ -43,8 +43,10 @@ def _number(args: dict[str, str], key: str, default, kind=float):
 def _rows(results_dir: Path, env_tags: Optional[set[str]] = None) -> list[dict]:
     """The stored rows (``env_tags``: of those tags' keys only, reading only their folders;
     when one of them has no rows, every row, so that the error lists the tags there)."""
+    from hcp_tune.config import existing_dir
     from hcp_tune.engine.store import ResultStore
 
+    existing_dir(results_dir)  # the one wording for a missing folder
     store = ResultStore(results_dir)
     store.refresh()  # a view of a team's database: brought up to date first
     if env_tags:
