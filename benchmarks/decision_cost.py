@@ -24,6 +24,11 @@ Keys (their per-layout trial distributions):
   recorded trial; the truth is the pool's median.
 - **This issue's recording** (``decision_cost_rows.jsonl``): ``cluster=local model=tiny
   cp=4 seq=2048``, 5 trials a layout on the loaded shared machine.
+- **The H200 recording** (``recordings/h200-attention-compute.jsonl``,
+  ``gpu_recording.py``): real GPU noise, one CP rank's attention compute for the 4 splits
+  of cp=8 at seq 32768 and 131072 (no communication), 48 trials a layout from 6 sessions on
+  two machines. A draw resamples a recorded trial; the truth is the pool's median. The
+  splits differ by 1.5-4.7% at 128K: near ties, on the noise a GPU really has.
 - **Published tables** (``published/yunchang-*.jsonl``: 8x A100; ``cpu_splits_rows`` and
   ``calibrate_cpu_rows``: this machine's CPU layouts) with a stated noise model: a trial's
   median is the table's value times exp(N(0, s)), s = 1%, 2%, 3% (the spread of trial
@@ -119,6 +124,10 @@ def keys() -> list[Key]:
                               ("bigdelay-1", ("bigdelay-1",)))]
     out.append(_pool_key("this issue's recording", "cp=4 seq=2048 (5 trials a layout)",
                          _rows(B / "decision_cost_rows.jsonl")))
+    gpu = [{**r, "status": "ok"} for r in _rows(B / "recordings/h200-attention-compute.jsonl")]
+    for seq in sorted({r["seq"] for r in gpu}):
+        out.append(_pool_key("H200 recording (real GPU noise)", f"cp=8 seq={seq} compute",
+                             [r for r in gpu if r["seq"] == seq]))
     published = _rows(B / "published/yunchang-a100-fwd.jsonl") + \
         _rows(B / "published/yunchang-a100-fwdbwd.jsonl")
     cpu_tables = _rows(B / "cpu_splits_rows.jsonl") + _rows(B / "calibrate_cpu_rows.jsonl")
