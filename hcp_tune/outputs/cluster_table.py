@@ -159,6 +159,13 @@ def cmd_listing(args: list[str]) -> int:
             print(note, file=sys.stderr)
     print(render(rows, fmt))
     if fmt == "table":
+        from hcp_tune.outputs.recommend import AGREEMENT, SETTLED_ERROR
+
+        shown = {r["verdict"] for r in rows}
+        if shown & {"settled", "tie", "unsettled"}:  # every verdict printed states its error
+            say("", f"verdicts: settled: {SETTLED_ERROR}; tie: {AGREEMENT}; unsettled: "
+                "`recommend` of that key prints the command that measures its undecided "
+                "layouts")
         say("", "Bridge overrides of a row: model.context_parallel_size=CP "
             "model.cp_comm_type=COMM model.hierarchical_context_parallel_sizes=[A2A,P2P] "
             "(format=csv|json|md lists them per key)")

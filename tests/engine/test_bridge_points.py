@@ -214,7 +214,7 @@ def test_a_bridge_sweep_in_one_process_set_is_refused_in_one_line(tmp_path):
     from helpers import hcp
 
     with pytest.raises(ConfigError, match=r"executor.batch=processes with runner=bridge: each "
-                       r"layout is measured by 3 Bridge runs \(m=1 and 2 and 3 micro-batches"):
+                       r"layout is measured by 3 Bridge runs \(m=1, 2, 3 micro-batches"):
         sweep_mod.Sweeper(_cfg(tmp_path, "executor.batch=processes"), Reporter())
     r = hcp("sweep", "runner=bridge", f"gbs={USER_M}", "executor.batch=processes",
             "cluster=local", "model=tiny", "cp=2", "seq=256", "executor=local",
