@@ -167,7 +167,7 @@ class LockFile:
         """The holder is dead: its pid on this host is gone, or its file has not been
         touched for ``stale_s``."""
         if holder.get("host") == HOST and isinstance(holder.get("pid"), int):
-            return not _alive(holder["pid"])
+            return not pid_alive(holder["pid"])
         return unchanged_s > self.stale_s
 
     def _take_over(self, stale: dict) -> None:
@@ -211,7 +211,8 @@ def _mtime(path: Path) -> Optional[int]:
         return None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host runs under ``pid`` (one owned by another user too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from hcp_tune.engine.folderlock import pid_alive
 from hcp_tune.engine.store import JOURNALS, LEDGER_FILE, LEGACY_JOURNAL, ResultStore
-from hcp_tune.spec import atomic_write_text
+from hcp_tune.spec import atomic_write_text, current_umask
 from hcp_tune.errors import HcpError
-from hcp_tune.spec import current_umask
 
 SWEEPS = "sweeps"  # sweeps/<host>-<pid>-<n>.running: a sweep is running on the folder
 ARCHIVE = "archive"  # archive/<env_tag>/: a tag's keys that ``results archive`` moved
@@ -64,7 +64,7 @@ def running_sweeps(store: ResultStore) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError):
             out.append(f"{path} (unreadable)")
             continue
-        if host == socket.gethostname() and not _alive(pid):
+        if host == socket.gethostname() and not pid_alive(pid):
             path.unlink(missing_ok=True)
             continue
         out.append(f"{path} (pid {pid} on {host})")
@@ -175,16 +175,6 @@ def migrate(store: ResultStore, url: str) -> tuple[int, int, int]:
         atomic_write_text(str(store.root / LEDGER_FILE),
                           json.dumps({"storage": rdb.shown_url(target)}))
     return len(names), copied, already
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _tag_of(study_name: Optional[str]) -> Optional[str]:
