@@ -204,7 +204,7 @@ def _hang_then_ok(tmp_path):
     """A trial whose last rank stops answering at its first measured step (rank 0 then
     waits in a collective, its comm timeout far away), then a healthy one."""
     return [make_spec(Layout(1, 2), trial_id="hang", inject_fault="hang_rank",
-                      comm_timeout_s=600.0, time_limit_s=20.0,
+                      comm_timeout_s=600.0, time_limit_s=8.0,
                       result_path=str(tmp_path / "hang.result.json")),
             make_spec(Layout(1, 2), trial_id="ok", result_path=str(tmp_path / "ok.result.json"))]
 
@@ -212,7 +212,7 @@ def _hang_then_ok(tmp_path):
 def _check_hang_then_ok(results):
     hang, ok = results
     assert (hang.status, hang.failure_class) == (Status.FAILED, FailureClass.TIME_LIMIT)
-    assert hang.error.startswith("time limit: the step passed the driver's limit of 20s")
+    assert hang.error.startswith("time limit: the step passed the driver's limit of 8s")
     assert ok.status == Status.OK  # a timed-out step does not break the next one
 
 
