@@ -32,6 +32,13 @@ def _node_ready() -> bool:
     return out.returncode == 0 and any(s in out.stdout for s in ("idle", "mix", "alloc"))
 
 
+def _missing(reason: str, require_var: str) -> None:
+    """A service the tests need is not there: skip, or fail where ``require_var`` is 1 (CI)."""
+    if os.environ.get(require_var) == "1":
+        pytest.fail(f"{reason} [{require_var}=1]", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """The local cluster: used as it is when it answers; otherwise started here and stopped
@@ -46,21 +53,15 @@ def slurm_cluster():
     run = subprocess.run([str(script), "start"], capture_output=True, text=True, timeout=900)
     if run.returncode != 0:
         tail = " | ".join((run.stdout + run.stderr).strip().splitlines()[-3:])
-        reason = f"local SLURM cluster did not come up ({script} start exited {run.returncode}): {tail}"
-        if os.environ.get("HCP_TUNE_REQUIRE_SLURM") == "1":
-            pytest.fail(reason + " [HCP_TUNE_REQUIRE_SLURM=1]", pytrace=False)
-        pytest.skip(reason)
+        _missing(f"local SLURM cluster did not come up ({script} start exited "
+                 f"{run.returncode}): {tail}", "HCP_TUNE_REQUIRE_SLURM")
     try:
         yield
     finally:
         subprocess.run([str(script), "stop"], capture_output=True, text=True, timeout=120)
 
 
-from pathlib import Path
-
-import pytest
-
-from hcp_tune.space.layout import Layout
+from hcp_tune.space.layout import Layout  # noqa: E402
 
 
 @pytest.fixture
@@ -143,22 +144,20 @@ def postgres_server():
         run = subprocess.run([str(script), "start"], capture_output=True, text=True, timeout=900)
         if run.returncode != 0:
             tail = " | ".join((run.stdout + run.stderr).strip().splitlines()[-3:])
-            reason = f"PostgreSQL did not come up ({script} start exited {run.returncode}): {tail}"
-            if os.environ.get("HCP_TUNE_REQUIRE_POSTGRES") == "1":
-                pytest.fail(reason + " [HCP_TUNE_REQUIRE_POSTGRES=1]", pytrace=False)
-            pytest.skip(reason)
+            _missing(f"PostgreSQL did not come up ({script} start exited {run.returncode}): "
+                     f"{tail}", "HCP_TUNE_REQUIRE_POSTGRES")
         started = True
     url = subprocess.run([str(script), "url"], capture_output=True, text=True).stdout.strip()
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        reason = "psycopg is not installed (pip install -e '.[postgres]')"
-        if os.environ.get("HCP_TUNE_REQUIRE_POSTGRES") == "1":
-            pytest.fail(reason + " [HCP_TUNE_REQUIRE_POSTGRES=1]", pytrace=False)
-        pytest.skip(reason)
-    yield url
-    if started:
-        subprocess.run([str(script), "stop"], capture_output=True, timeout=120)
+        _missing("psycopg is not installed (pip install -e '.[postgres]')",
+                 "HCP_TUNE_REQUIRE_POSTGRES")
+    try:
+        yield url
+    finally:  # a server this session started goes, on Ctrl-C too (as the SLURM cluster)
+        if started:
+            subprocess.run([str(script), "stop"], capture_output=True, timeout=120)
 
 
 @pytest.fixture
