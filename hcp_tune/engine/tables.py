@@ -54,7 +54,7 @@ def csv_cell(v: Any) -> Any:
     """A table cell's text from the value alone: empty for None or NaN, ``repr`` for a
     float (``0.05``, ``2.0``), ``str`` for the rest. (pandas formatted a column's floats
     from the whole column, so one row's text depended on the others.)"""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if verdict.is_missing(v):
         return ""
     if isinstance(v, float):
         return repr(v)
@@ -86,10 +86,6 @@ def table_entry(rows: list[dict[str, Any]], pareto: str) -> dict[str, Any]:
             "rec": csv_line([recs[0][c] for c in RECOMMENDATION_COLUMNS]) if recs else "",
             "order": order,
             "extras": list(dict.fromkeys(k for r in rows for k in r if k not in TRIAL_COLUMNS))}
-
-
-def _nan(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -160,7 +156,7 @@ def recommendations(rows: list[dict[str, Any]],
 
 
 def _count(v: Any) -> int:
-    return 0 if _nan(v) else int(v)
+    return 0 if verdict.is_missing(v) else int(v)
 
 
 def _tokens_per_gpu(key: dict[str, Any], step_s: float) -> Optional[float]:
@@ -186,7 +182,7 @@ def missing_layouts(key_rows: list[dict[str, Any]]) -> list[str]:
     steps but no median: its steps were not at the user's m.)"""
     measured = {(r["a2a"], r["p2p"]) for r in key_rows
                 if (r["status"] == "ok" and r.get("verified"))
-                or (r["status"] == "pruned" and (not _nan(r.get("median_s"))
+                or (r["status"] == "pruned" and (not verdict.is_missing(r.get("median_s"))
                                                  or _count(r.get("steps")) > 0))}
     why: dict[tuple[int, int], str] = {}
     for r in key_rows:

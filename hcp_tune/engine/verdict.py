@@ -97,14 +97,17 @@ class Verdict:
                                     and f.layout not in self.pruned)]
 
 
-def _nan(v: Any) -> bool:
+def is_missing(v: Any) -> bool:
+    """None or NaN: a figure a row does not have."""
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def usable(row: dict[str, Any]) -> bool:
-    """A trial that enters a figure and counts toward ``search.repeats``: ok, verified
-    (CP was active) and with a median."""
-    return row.get("status") == "ok" and bool(row.get("verified")) and not _nan(row.get("median_s"))
+    """A trial that enters a figure, counts toward ``search.repeats`` and is compared by
+    ``regress``: ok, verified (CP was active) and with a positive median."""
+    m = row.get("median_s")
+    return (row.get("status") == "ok" and bool(row.get("verified"))
+            and isinstance(m, (int, float)) and not is_missing(m) and m > 0)
 
 
 def _seed(layout: Layout, medians: tuple[float, ...]) -> int:
@@ -234,7 +237,8 @@ def decide(rows: list[dict[str, Any]], tie_threshold: float = TIE_THRESHOLD) -> 
     best_need = max(need.values(), default=MIN_TRIALS + 1)
     more = {best.layout: max(0, best_need - best.n_trials)}
     more.update({f.layout: max(0, need[f.layout] - f.n_trials) for f in pending})
-    return Verdict(kind, figs, ratios, pruned, undecided=[best.layout, *(f.layout for f in pending)],
+    return Verdict(kind, figs, ratios, pruned,
+                   undecided=[best.layout, *(f.layout for f in pending)],
                    more_trials=more, tie_threshold=tie_threshold)
 
 

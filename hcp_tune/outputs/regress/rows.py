@@ -11,6 +11,7 @@ import math
 from typing import Any, Mapping, Optional
 
 from hcp_tune.engine.records import OLDER_ROW_DEFAULTS, key_field
+from hcp_tune.engine.verdict import usable  # noqa: F401  (the one definition)
 from hcp_tune.errors import HcpError
 
 # the sweep key without env_tag
@@ -47,12 +48,6 @@ def fingerprint_of(row: dict[str, Any]) -> dict[str, Any]:
         except json.JSONDecodeError:
             fp = {}
     return fp if isinstance(fp, dict) else {}
-
-
-def usable(row: dict[str, Any]) -> bool:
-    m = row.get("median_s")
-    return (row.get("status") == "ok" and bool(row.get("verified"))
-            and isinstance(m, (int, float)) and not math.isnan(m) and m > 0)
 
 
 def memory_not_measured(row: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> Optional[str]:
