@@ -93,7 +93,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTH
 def pinned_repeats(args) -> list[str]:
     """A sweep's trials per layout as these tests were written for: one trial a layout
     unless the test says otherwise (the adaptive default measures each layout at least
-    search.min_repeats=3 times: three times the CI cost); a test that sets search.repeats
+    search.min_repeats times, and every layout in contention at least twice: twice the CI cost); a test that sets search.repeats
     gets exactly that many (exhaustive) unless it sets search.adaptive itself. The
     adaptive default is tested with its own arguments (tests/engine/test_sweep_adaptive.py)."""
     args = list(args)

@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import math
 import statistics
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-BOOTSTRAP = 2000  # resamples of a layout's trials
-SEED = 28  # the fixed seed, mixed with the layout and its trial medians
+from hcp_tune.engine import shrinkage
+
 LEVEL = 0.95  # the intervals' coverage
 POWER_Z = 0.8416  # one-sided z of 80% power (and the 20% quantile of the spread bound)
 INTERVAL_Z = 1.96  # two-sided z of 95%
-MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)  # a median's s.e. over the mean's, normal data
 TIE_THRESHOLD = 0.02  # search.tie_threshold's default
 MIN_TRIALS = 2  # a layout with fewer trials has no interval (one trial says nothing of spread)
 Layout = tuple[int, int]
@@ -47,7 +45,9 @@ Layout = tuple[int, int]
 class Figure:
     """A layout's step time: the median of its trials' medians and its 95% interval (None
     with fewer than ``MIN_TRIALS`` trials); ``row``: the trial at the (upper) median, what
-    early stopping compares with; ``medians``: its trials' medians in trial order."""
+    early stopping compares with; ``medians``: its trials' medians in trial order;
+    ``sd_log``/``df``: the moderated spread of its log trial medians and its degrees of
+    freedom (None without an interval)."""
 
     layout: Layout
     median_s: float
@@ -55,6 +55,8 @@ class Figure:
     ci_hi_s: Optional[float]
     medians: tuple[float, ...]
     row: dict[str, Any] = field(compare=False, repr=False)
+    sd_log: Optional[float] = None
+    df: Optional[float] = None
 
     @property
     def n_trials(self) -> int:
@@ -63,6 +65,13 @@ class Figure:
     @property
     def peak_mem_bytes(self) -> Optional[int]:
         return self.row.get("peak_mem_bytes")
+
+    @property
+    def var_log(self) -> Optional[float]:
+        """The variance of log(median_s): the spread over n, times the median's factor."""
+        if self.sd_log is None:
+            return None
+        return shrinkage.median_factor(self.n_trials) * self.sd_log ** 2 / self.n_trials
 
 
 @dataclass(frozen=True)
@@ -110,31 +119,30 @@ def usable(row: dict[str, Any]) -> bool:
             and isinstance(m, (int, float)) and not is_missing(m) and m > 0)
 
 
-def _seed(layout: Layout, medians: tuple[float, ...]) -> int:
-    """The fixed seed of a layout's resamples: the same trials, the same interval; two
-    layouts never share a resampling pattern."""
-    return zlib.crc32(repr((SEED, layout, medians)).encode())
+def _t(df: float) -> float:
+    return shrinkage.t_quantile(1 - (1 - LEVEL) / 2, df)
 
 
-def _resampled(fig: Figure) -> Any:
-    """``BOOTSTRAP`` medians of resamples (with replacement) of the layout's trials."""
-    import numpy as np
-
-    x = np.asarray(fig.medians, dtype=float)
-    rng = np.random.default_rng(_seed(fig.layout, fig.medians))
-    return np.median(x[rng.integers(0, len(x), size=(BOOTSTRAP, len(x)))], axis=1)
-
-
-def _interval(values: Any) -> tuple[float, float]:
-    import numpy as np
-
-    lo, hi = np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    return float(lo), float(hi)
+def _with_intervals(figs: list[Figure]) -> list[Figure]:
+    """Each figure with ``MIN_TRIALS`` or more trials gets its moderated spread and its
+    interval: log(median) +- t(df) * sqrt(factor(n) / n) * sd (``shrinkage``)."""
+    have = [f for f in figs if f.n_trials >= MIN_TRIALS]
+    if not have:
+        return figs
+    s2 = [statistics.variance([math.log(m) for m in f.medians]) for f in have]
+    post, pdf, _, _ = shrinkage.moderate(s2, [f.n_trials - 1 for f in have])
+    done = {}
+    for f, v, d in zip(have, post, pdf):
+        g = replace(f, sd_log=math.sqrt(float(v)), df=float(d))
+        half = _t(g.df) * math.sqrt(g.var_log)
+        done[f.layout] = replace(g, ci_lo_s=f.median_s * math.exp(-half),
+                                 ci_hi_s=f.median_s * math.exp(half))
+    return [done.get(f.layout, f) for f in figs]
 
 
 def figures(rows: list[dict[str, Any]], intervals: bool = True) -> list[Figure]:
     """Per measured layout of one key, its figure, fastest first (peak memory breaks ties);
-    ``intervals=False``: without the bootstrap (what early stopping needs, per trial)."""
+    ``intervals=False``: without the intervals (what early stopping needs, per trial)."""
     by: dict[Layout, list[dict[str, Any]]] = {}
     for r in rows:
         if usable(r):
@@ -143,20 +151,22 @@ def figures(rows: list[dict[str, Any]], intervals: bool = True) -> list[Figure]:
     for layout, rs in by.items():
         medians = tuple(float(r["median_s"]) for r in rs)
         mid = sorted(rs, key=lambda r: r["median_s"])[len(rs) // 2]  # the upper median's
-        fig = Figure(layout, statistics.median(medians), None, None, medians, mid)
-        if intervals and len(medians) >= MIN_TRIALS:
-            lo, hi = _interval(_resampled(fig))
-            fig = Figure(layout, fig.median_s, lo, hi, medians, mid)
-        out.append(fig)
+        out.append(Figure(layout, statistics.median(medians), None, None, medians, mid))
+    if intervals:
+        out = _with_intervals(out)
     return sorted(out, key=lambda f: (f.median_s, f.peak_mem_bytes or 0, f.layout))
 
 
 def ratio_interval(best: Figure, other: Figure) -> tuple[float, float]:
-    """The 95% interval of other/best (independent resamples of each); (0, inf) when
-    either has fewer than ``MIN_TRIALS`` trials."""
-    if best.n_trials < MIN_TRIALS or other.n_trials < MIN_TRIALS:
+    """The 95% interval of other/best: log ratio +- t * sqrt(var_best + var_other), on
+    Welch-Satterthwaite's degrees of freedom; (0, inf) when either has no interval."""
+    vb, vo = best.var_log, other.var_log
+    if vb is None or vo is None or not best.df or not other.df:
         return (0.0, math.inf)
-    return _interval(_resampled(other) / _resampled(best))
+    df = (vb + vo) ** 2 / (vb ** 2 / best.df + vo ** 2 / other.df)
+    half = _t(df) * math.sqrt(vb + vo)
+    d = math.log(other.median_s / best.median_s)
+    return math.exp(d - half), math.exp(d + half)
 
 
 def _pruned(rows: list[dict[str, Any]], measured: set[Layout]) -> list[Layout]:
@@ -166,39 +176,28 @@ def _pruned(rows: list[dict[str, Any]], measured: set[Layout]) -> list[Layout]:
                    and not (r.get("error") or "").startswith("cancelled")} - measured)
 
 
-def spread(fig: Figure) -> float:
-    """The relative spread of a layout's trial medians: the sd of their logs (0 with
-    fewer than two trials)."""
-    if fig.n_trials < 2:
-        return 0.0
-    return statistics.stdev(math.log(m) for m in fig.medians)
-
-
-def _chi2_lower(df: int) -> float:
+def _chi2_lower(df: float) -> float:
     """The 20% quantile of chi-square with ``df`` degrees of freedom (Wilson-Hilferty)."""
     h = 2.0 / (9.0 * df)
     return df * max(0.05, 1 - h - POWER_Z * math.sqrt(h)) ** 3
 
 
-def trials_to_decide(best: Figure, other: Figure, tie_threshold: float,
-                     floor_spread: float = 0.01) -> int:
+def trials_to_decide(best: Figure, other: Figure, tie_threshold: float) -> int:
     """Trials per layout (in all) at which the pair should settle or tie with 80% power.
 
     The normal approximation of a ratio of two medians of n trials each: the 95% interval
-    of log(other/best) has half-width ``1.96 * sqrt(2) * 1.2533 * s / sqrt(n)`` (s: the
-    pooled sd of the log trial medians at its 80% upper bound, at least ``floor_spread``). To
-    settle, that
-    half-width must be below |log ratio| with 80% power; to tie, below the distance from
-    |log ratio| to log(1 + threshold). The smaller n wins (tests/engine/test_verdict.py's
-    simulation checks the suggestion settles >= 80% of such keys)."""
-    df = max(1, best.n_trials + other.n_trials - 2)
-    pooled = math.sqrt((spread(best) ** 2 * (best.n_trials - 1)
-                        + spread(other) ** 2 * (other.n_trials - 1)) / df)
-    # the spread of a few trials is often an underestimate: its 80% upper bound
-    # (chi-square, Wilson-Hilferty), so that the suggestion keeps its power
-    s = max(floor_spread, pooled) * math.sqrt(df / _chi2_lower(df))
+    of log(other/best) has half-width ``1.96 * sqrt(2 * pi/2) * s / sqrt(n)`` (s: the two
+    layouts' moderated spread of log trial medians at its 80% upper bound: a spread
+    estimated from few trials is often an underestimate). To settle, that half-width must
+    be below |log ratio| with 80% power; to tie, below the distance from |log ratio| to
+    log(1 + threshold). The smaller n wins (tests/engine/test_verdict.py's simulation
+    checks the suggestion settles >= 80% of such keys)."""
+    if best.sd_log is None or other.sd_log is None:
+        return MIN_TRIALS + 1
+    df = min(best.df or 1.0, other.df or 1.0)
+    s = math.sqrt((best.sd_log ** 2 + other.sd_log ** 2) / 2) * math.sqrt(df / _chi2_lower(df))
     d = abs(math.log(other.median_s / best.median_s))
-    se1 = math.sqrt(2) * MEDIAN_EFFICIENCY * s  # the s.e. of the log ratio at n = 1
+    se1 = math.sqrt(2 * math.pi / 2) * s  # the s.e. of the log ratio at n = 1
     gaps = [d, math.log1p(tie_threshold) - d]
     need = [((INTERVAL_Z + POWER_Z) * se1 / g) ** 2 for g in gaps if g > 1e-9]
     return max(MIN_TRIALS + 1, math.ceil(min(need))) if need else 10_000

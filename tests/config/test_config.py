@@ -29,7 +29,7 @@ def test_every_group_is_typed_at_load():
     assert isinstance(cfg.runner, RunnerConfig) and isinstance(cfg.search, SearchConfig)
     assert isinstance(cfg.executor, ExecutorConfig)
     assert (cfg.search.repeats, cfg.search.early_stop, cfg.search.retry) == (5, True, "none")
-    assert (cfg.search.min_repeats, cfg.search.adaptive, cfg.search.tie_threshold) == (3, True, 0.02)
+    assert (cfg.search.min_repeats, cfg.search.adaptive, cfg.search.tie_threshold) == (1, True, 0.02)
     assert (cfg.runner.backend, cfg.runner.warmup_steps) == ("auto", 2)
 
 

@@ -52,8 +52,8 @@ CFG = config.load(["cluster=local", "model=tiny", "cp=4", "seq=256", "runner=att
 
 
 def test_the_default_plan_measures_each_layout_min_repeats_times_and_exhaustive_repeats():
-    assert (CFG.search.adaptive, CFG.search.min_repeats, CFG.search.repeats) == (True, 3, 5)
-    assert len(plan_sweep(CFG, [], {}).queue) == 3 * 3
+    assert (CFG.search.adaptive, CFG.search.min_repeats, CFG.search.repeats) == (True, 1, 5)
+    assert len(plan_sweep(CFG, [], {}).queue) == 3 * 1
     exhaustive = dataclasses.replace(CFG, search=dataclasses.replace(CFG.search, adaptive=False))
     assert len(plan_sweep(exhaustive, [], {}).queue) == 3 * 5
     (key,) = kept_by_key(CFG)
@@ -63,7 +63,10 @@ def test_the_default_plan_measures_each_layout_min_repeats_times_and_exhaustive_
                "trial_id": f"{key.slug}-t{i:03d}-a4"}
               for i, r in enumerate(rows(4, [1.0, 1.0]) + rows(2, [1.2], status="pruned"))]
     plan = plan_sweep(CFG, stored, {})
-    assert sorted(p.cand.layout.a2a for p in plan.queue) == [1, 1, 1, 4]  # [2,2] lost
+    assert sorted(p.cand.layout.a2a for p in plan.queue) == [1]  # [2,2] lost, [4,1] has 2
+    three = dataclasses.replace(CFG, search=dataclasses.replace(CFG.search, min_repeats=3))
+    plan = plan_sweep(three, stored, {})
+    assert sorted(p.cand.layout.a2a for p in plan.queue) == [1, 1, 1, 4]
 
 
 @pytest.mark.parametrize("override,says", [

@@ -61,7 +61,7 @@ def test_injected_p2p_delay_reaches_ring_trials_and_regress_reads_them(tmp_path,
     measure(results, "base", monkeypatch)
     sweep = subprocess.run(
         [sys.executable, "-m", "hcp_tune", "sweep", *CPU, "executor=local", "env_tag=slow",
-         f"search.repeats={REPEATS}", "search.early_stop=false", f"results_dir={results}"],
+         f"search.repeats={REPEATS}", "search.purpose=regress", f"results_dir={results}"],
         capture_output=True, text=True, cwd=REPO, timeout=600,
         env={**os.environ, "PYTHONPATH": str(REPO), "HCP_TUNE_INJECT_DELAY": DELAY})
     assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]

@@ -44,11 +44,11 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import special
 
+from hcp_tune.engine.shrinkage import SD_FLOOR, moderate, t_quantile, two_sided_p  # noqa: F401
+
 ALPHA = 0.05  # family-wise error rate over every test of one comparison (Holm)
 LEVEL = 0.95  # the intervals shown, and the "ok" rule
 POOL_MIN = 3  # layouts needed to separate a common shift from per-layout deviations
-SD_FLOOR = 1e-3  # smallest per-trial relative spread assumed (device memory is often exact)
-VAR_SPREAD_MAX = 100.0  # a layout's variance counts as at least the night's median / this
 POWER = 0.8  # the power `regress power` and the INCONCLUSIVE advice plan for
 SIM_NIGHTS = 200  # nights simulated per trial count when planning power
 MEM_SD = 0.002  # per-trial spread of a device memory reading in those simulations
@@ -91,15 +91,8 @@ class Night:
     tau: float  # spread of the true per-layout deviations (random-effects estimate)
 
 
-def t_quantile(p: float, df: float) -> float:
-    return float(special.ndtri(p)) if not math.isfinite(df) or df > 1e6 else float(
-        special.stdtrit(df, p))
 
 
-def two_sided_p(z: float, df: float) -> float:
-    if not math.isfinite(df) or df > 1e6:
-        return float(2 * special.ndtr(-abs(z)))
-    return float(2 * special.stdtr(df, -abs(z)))
 
 
 def change(base: Sequence[float], cand: Sequence[float],
@@ -118,49 +111,8 @@ def change(base: Sequence[float], cand: Sequence[float],
     return float(c.mean() - b.mean()), ss / df if df > 0 else 0.0, df, 1 / nb + 1 / nc
 
 
-def _trigamma_inverse(y: float) -> float:
-    """x with trigamma(x) = y (Newton's method on 1/trigamma, as limma does)."""
-    if y > 1e7:
-        return 1 / math.sqrt(y)
-    if y < 1e-6:
-        return 1 / y
-    x = 0.5 + 1 / y
-    for _ in range(50):
-        tri = float(special.polygamma(1, x))
-        step = tri * (1 - tri / y) / float(special.polygamma(2, x))
-        x += step
-        if -step / x < 1e-8:
-            break
-    return x
 
 
-def moderate(s2: Sequence[float], df: Sequence[float]) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """limma's moderated variances: (posterior s^2, its df, prior s0^2, prior d0)."""
-    s2 = np.maximum(np.asarray(s2, float), SD_FLOOR ** 2)
-    # a variance far below the night's (identical readings on few trials) is not evidence
-    # of a quiet layout, and on the log scale it would drag the prior's scale down
-    s2 = np.maximum(s2, float(np.median(s2)) / VAR_SPREAD_MAX)
-    df = np.asarray(df, float)
-    ok = df > 0
-    if ok.sum() < 2:
-        return s2, df, float(np.median(s2)), 0.0
-    e = np.log(s2[ok]) - special.digamma(df[ok] / 2) + np.log(df[ok] / 2)
-    # robust to a layout or two of odd variance (Phipson et al. 2016 in spirit): clip the
-    # log-variances at 3 MADs around their median before the moments are taken
-    mid = float(np.median(e))
-    spread = 3 * 1.4826 * float(np.median(np.abs(e - mid))) or math.inf
-    e = np.clip(e, mid - spread, mid + spread)
-    ebar = float(e.mean())
-    n = int(ok.sum())
-    excess = float(np.mean((e - ebar) ** 2 * n / (n - 1) - special.polygamma(1, df[ok] / 2)))
-    cap = float(df[ok].sum())  # never more prior information than the night holds
-    if excess > 0:
-        d0 = min(2 * _trigamma_inverse(excess), cap)
-        s0sq = math.exp(ebar + float(special.digamma(d0 / 2)) - math.log(d0 / 2))
-    else:
-        d0, s0sq = cap, math.exp(ebar)
-    post = np.where(ok, (d0 * s0sq + df * s2) / (d0 + df), s0sq)
-    return np.maximum(post, SD_FLOOR ** 2), df + d0, s0sq, d0
 
 
 def holm(p: Sequence[float]) -> list[float]:
