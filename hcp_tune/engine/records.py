@@ -196,7 +196,7 @@ class Recommendation:
     p2p: int
     comm_type: str
     # the best layout's figure (engine/verdict.py): the median of its verified ok trials'
-    # medians, its 95% bootstrap interval over those trials (empty with one trial) and
+    # medians, its 95% interval over those trials (verdict.py) (empty with one trial) and
     # their count. Schema 1 files held the fastest trial's median here and read with no
     # interval and n_trials 0 (unknown).
     median_s: float

@@ -6,23 +6,32 @@ code ranks the tables (``tables.recommendations``), decides which layouts an ada
 measures again (``sweep_adaptive``) and is replayed by ``benchmarks/decision_cost.py``, so
 what the benchmark measures is what users run.
 
-**The figure** of a layout is the median of its verified ok trials' medians, with a 95%
-percentile-bootstrap interval over those trials (``BOOTSTRAP`` resamples, a fixed seed per
-layout: the same rows give the same interval, so a resumed sweep decides the same). The
-trial, not the step, is the unit: a trial's steps share one allocation, one placement and
-one warm-up, so pooling them would count the same allocation's luck hundreds of times and
-make the interval far too narrow (docs/guides/ranking.md argues it with numbers). Pruned,
-cancelled, skipped and failed trials never enter a figure.
+**The figure** of a layout is the median of its verified ok trials' medians. Its 95%
+interval is ``log(median) +- t(df) * sqrt(factor(n) / n) * sd``: ``sd`` the spread of the
+layout's log trial medians, moderated across the key's layouts (``shrinkage.moderate``:
+with 2 or 3 trials a layout's own spread is a poor guess, and the layouts of one sweep
+share its machine and session), ``df`` its moderated degrees of freedom, ``factor(n)``
+the variance of a median of n over that of one trial. Deterministic: the same rows give
+the same interval, so a resumed sweep decides the same. Not a bootstrap: a percentile
+bootstrap of a median over 3 trials is about the trials' range and covers the true median
+75% of the time (50% at 2, 94% at 5), so its "95%" would be false exactly where an adaptive
+sweep decides (tests/engine/test_verdict.py measures both). The trial, not the step, is the
+unit: a trial's steps share one allocation, one placement and one warm-up, so pooling them
+would count the same allocation's luck hundreds of times and make the interval far too
+narrow (docs/guides/ranking.md argues it with numbers). Pruned, cancelled, skipped and
+failed trials never enter a figure.
 
 **The verdict** compares the best layout (lowest figure) with every other measured layout
-through the bootstrap interval of the ratio other/best: *settled* when every ratio's
+through the 95% interval of the ratio other/best (the log ratio +- t * the root of the two
+figures' variances, on Welch's degrees of freedom): *settled* when every ratio's
 interval lies above 1 (each other layout is slower with 95% confidence; a layout stopped
 early by the prune rule, without an interval of its own, lost on every step it ran and
 counts as slower); *tie* when every
 layout not separated from the best has a ratio interval inside 1 +- ``tie_threshold``;
 *unsettled* otherwise, with the undecided layouts and the trials a power calculation says
 they need (``trials_to_decide``; tests/engine/test_verdict.py checks by simulation that
-the suggestion settles >= 80% of such keys).
+the suggestion settles >= 80% of such keys). How often each verdict is wrong, measured on
+keys not used to choose the defaults: benchmarks/RESULTS-decision-cost.md.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ class LayoutSummary:
     steps_s: list[float]
     predicted_s: Optional[float] = None
     pareto: bool = False
-    # the 95% bootstrap interval of median_s over the trials (engine/verdict.py)
+    # the 95% interval of median_s over the trials (engine/verdict.py)
     ci_lo_s: Optional[float] = None
     ci_hi_s: Optional[float] = None
 
