@@ -20,7 +20,7 @@ from hcp_tune.costmodel import predict
 from hcp_tune.costmodel.formulas import CostParams
 from hcp_tune.costmodel.microbatch import measure_points
 from hcp_tune.costmodel.memory import advice_line
-from hcp_tune.engine import budget, sweep_adaptive
+from hcp_tune.engine import budget, error_rates, sweep_adaptive
 from hcp_tune.engine.store import SweepKey
 from hcp_tune.engine.store import key_rows as select_rows
 from hcp_tune.space.host_memory import plan_host_memory
@@ -312,5 +312,18 @@ def sweep_estimate(cfg: SweepConfig, cands: list[Candidate]) -> dict[str, Any]:
     per = budget.costs_by_layout(cfg, predict.ordering(cfg, cands))
     costs = [c for c in per.values() for _ in range(budget.first_repeats(cfg.search))]
     est = budget.estimate(costs)
-    return {"trials": est.trials, "node_hours": est.node_hours, "gpu_hours": est.gpu_hours,
-            "label": "estimate", "text": est.text(cfg.cluster.device == "cpu")}
+    cpu = cfg.cluster.device == "cpu"
+    out = {"trials": est.trials, "node_hours": est.node_hours, "gpu_hours": est.gpu_hours,
+           "label": "estimate", "text": est.text(cpu)}
+    if cfg.search.adaptive and cfg.search.repeats > cfg.search.min_repeats and per:
+        # the rounds that follow, for undecided layouts only: their most, and what the
+        # decision-cost benchmark saw adaptive measure of it
+        most = budget.estimate([c for c in per.values() for _ in range(cfg.search.repeats)])
+        unit = "rank-hours" if cpu else "GPU-hours"
+        out.update(max_trials=most.trials, max_gpu_hours=most.gpu_hours)
+        out["text"] += (f"; then rounds for the undecided layouts only: at most {most.trials} "
+                        f"trial(s), {most.gpu_hours:.3g} {unit} (search.repeats="
+                        f"{cfg.search.repeats} each); on the decision-cost benchmark's held-out "
+                        f"keys adaptive sweeps measured {error_rates.ADAPTIVE_COST} of the "
+                        "trials of exhaustive ones")
+    return out

@@ -159,7 +159,7 @@ def cmd_listing(args: list[str]) -> int:
             print(note, file=sys.stderr)
     print(render(rows, fmt))
     if fmt == "table":
-        from hcp_tune.outputs.recommend import AGREEMENT, SETTLED_ERROR
+        from hcp_tune.engine.error_rates import AGREEMENT, SETTLED_ERROR
 
         shown = {r["verdict"] for r in rows}
         if shown & {"settled", "tie", "unsettled"}:  # every verdict printed states its error

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+from hcp_tune.engine.error_rates import AGREEMENT, SETTLED_ERROR
 from hcp_tune.engine.records import key_field
 from hcp_tune.space.layout import Layout
 
@@ -130,11 +131,3 @@ def verdict_lines(rec: dict[str, Any]) -> list[str]:
                 "with:",
                 "  " + measure_command(rec)]
     return []
-
-
-# what benchmarks/RESULTS-decision-cost.md measured on the keys held out from choosing the
-# defaults, layouts in candidate order (no help from the prediction); a test checks they match
-SETTLED_ERROR = ("a settled pick was not the fastest in 3.2% [2.4%, 4.3%] of settled verdicts "
-                 "on held-out keys of the decision-cost benchmark: docs/guides/ranking.md")
-AGREEMENT = ("a declared tie was wrong in 0.0% [0.0%, 12.9%] of held-out ties; the winner or "
-             "a tie holding it matched the exhaustive sweep in 96.7% [95.7%, 97.4%] of keys")

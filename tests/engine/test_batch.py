@@ -253,3 +253,19 @@ def test_early_stop_prunes_a_planted_slow_trial_inside_a_batch_and_the_batch_goe
     assert stop.read_text() == slow["error"]  # written by the orchestrator, read by the job
     same_job = [x for x in got if x["job_id"] == slow["job_id"] and x is not slow]
     assert [(x["a2a"], x["status"], x["steps"]) for x in same_job] == [(2, "ok", 15)]
+
+
+def test_an_adaptive_plan_states_the_most_its_rounds_can_cost():
+    """The adaptive default plans one trial a layout; the plan also says what the rounds
+    for undecided layouts can add at most (search.repeats each), and what adaptive
+    measured of an exhaustive sweep on the decision-cost benchmark's held-out keys."""
+    from hcp_tune.engine.error_rates import ADAPTIVE_COST
+    r = hcp("plan", "cp=2", "seq=256", "model=tiny", "cluster=local", "format=json")
+    est = json.loads(r.stdout)["estimate"]
+    assert est["trials"] == 2 and est["max_trials"] == 10
+    assert est["max_gpu_hours"] > est["gpu_hours"]
+    assert "at most 10 trial(s)" in est["text"] and ADAPTIVE_COST in est["text"]
+    r = hcp("plan", "cp=2", "seq=256", "model=tiny", "cluster=local", "format=json",
+            "search.adaptive=false")
+    est = json.loads(r.stdout)["estimate"]
+    assert est["trials"] == 10 and "max_trials" not in est

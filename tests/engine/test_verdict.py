@@ -156,10 +156,11 @@ def test_the_error_rates_recommend_states_are_the_benchmarks_held_out_figures():
     import re
     from pathlib import Path
 
-    from hcp_tune.outputs.recommend import AGREEMENT, SETTLED_ERROR
+    from hcp_tune.engine.error_rates import ADAPTIVE_COST, AGREEMENT, SETTLED_ERROR
     text = (Path(__file__).resolve().parents[2] / "benchmarks/RESULTS-decision-cost.md"
             ).read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith("**All held-out keys**"))
     pct = r"\*\*([\d.]+% \[[\d.]+%, [\d.]+%\])\*\*"
     match, settled, _, tie = re.findall(pct, line)
     assert settled in SETTLED_ERROR and tie in AGREEMENT and match in AGREEMENT
+    assert f"adaptive measures **{ADAPTIVE_COST} of the exhaustive trials**" in line
