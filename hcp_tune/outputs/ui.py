@@ -304,8 +304,12 @@ def _known(v: Any) -> bool:
 
 
 def _interval(r: dict[str, Any]) -> str:
+    """The 95% interval in one unit, written once (``148-169 ms``), so that the cell fits."""
     lo, hi = r.get("ci_lo_s"), r.get("ci_hi_s")
-    return f"{human_time(lo)}-{human_time(hi)}" if _known(lo) and _known(hi) else "-"
+    if not (_known(lo) and _known(hi)):
+        return "-"
+    scale, unit = (1e3, "ms") if hi < 1 else (1.0, "s")
+    return f"{lo * scale:.3g}-{hi * scale:.3g} {unit}"
 
 
 def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
