@@ -19,10 +19,19 @@ pi/2 for large n; computed once here by 2,000,000 draws per n and rounded).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
-from scipy import special
+if TYPE_CHECKING:
+    import numpy as np
+
+
+def _special() -> Any:
+    """scipy.special, imported on first use: `plan` and `validate` import this module and
+    must stay quick on a login node (tests/test_cli.py checks they import no scipy)."""
+    from scipy import special
+
+    return special
+
 
 SD_FLOOR = 1e-3  # smallest per-trial relative spread assumed (device memory is often exact)
 VAR_SPREAD_MAX = 100.0  # a layout's variance counts as at least the night's median / this
@@ -36,11 +45,13 @@ def median_factor(n: int) -> float:
 
 
 def t_quantile(p: float, df: float) -> float:
+    special = _special()
     return float(special.ndtri(p)) if not math.isfinite(df) or df > 1e6 else float(
         special.stdtrit(df, p))
 
 
 def two_sided_p(z: float, df: float) -> float:
+    special = _special()
     if not math.isfinite(df) or df > 1e6:
         return float(2 * special.ndtr(-abs(z)))
     return float(2 * special.stdtr(df, -abs(z)))
@@ -48,6 +59,7 @@ def two_sided_p(z: float, df: float) -> float:
 
 def _trigamma_inverse(y: float) -> float:
     """x with trigamma(x) = y (Newton's method on 1/trigamma, as limma does)."""
+    special = _special()
     if y > 1e7:
         return 1 / math.sqrt(y)
     if y < 1e-6:
@@ -62,8 +74,12 @@ def _trigamma_inverse(y: float) -> float:
     return x
 
 
-def moderate(s2: Sequence[float], df: Sequence[float]) -> tuple[np.ndarray, np.ndarray, float, float]:
+def moderate(s2: Sequence[float], df: Sequence[float]
+             ) -> tuple["np.ndarray", "np.ndarray", float, float]:
     """limma's moderated variances: (posterior s^2, its df, prior s0^2, prior d0)."""
+    import numpy as np
+
+    special = _special()
     s2 = np.maximum(np.asarray(s2, float), SD_FLOOR ** 2)
     # a variance far below the night's (identical readings on few trials) is not evidence
     # of a quiet layout, and on the log scale it would drag the prior's scale down
