@@ -242,8 +242,8 @@ MAPPINGS = {
     "python -m hcp_tune.calibrate rows.jsonl results_dir=results": Mapping(calibrated),
     # docs/quickstart.md: two tags of the local sweep, the cluster's table, a regress
     **{"python -m hcp_tune sweep cp=4 seq=[2048,4096] model=tiny cluster=local "
-       f"runner=attention executor=local search.repeats=3 env_tag={tag}": Mapping(
-           tagged_sweep(tag), QUICK, (*FAST, "search.early_stop=false"))
+       f"runner=attention executor=local search.repeats=3 search.purpose=regress env_tag={tag}":
+           Mapping(tagged_sweep(tag), QUICK, FAST)
        for tag in ("before", "after")},
     "python -m hcp_tune recommend cluster=local model=tiny": Mapping(cluster_listing),
     "python -m hcp_tune recommend cluster=local model=tiny cp=4 seq=2048 env_tag=before": Mapping(
