@@ -75,6 +75,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from hcp_tune.engine import sweep_adaptive, verdict  # noqa: E402
 from hcp_tune.engine.trials import MIN_STEPS_TO_PRUNE, should_prune  # noqa: E402
 from hcp_tune.noise import percentile  # noqa: E402
+from rates import wilson  # noqa: E402
 from stamp import write_results  # noqa: E402
 
 B = REPO / "benchmarks"
@@ -250,14 +251,12 @@ def measure(keys_: list[Key], replays: int, fastest_first: bool,
     return stats
 
 
-def wilson(k: int, n: int) -> str:
+def rate(k: int, n: int) -> str:
+    """k/n with its 95% Wilson interval, e.g. '96.7% [95.7%, 97.4%]'."""
     if n == 0:
         return "-"
-    z, p = 1.96, k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return f"{p:.1%} [{max(0, c - h):.1%}, {min(1, c + h):.1%}]"
+    lo, hi = wilson(k, n)
+    return f"{k / n:.1%} [{lo:.1%}, {hi:.1%}]"
 
 
 def total(stats: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -275,13 +274,13 @@ def headline(t: dict[str, float], what: str) -> str:
     n = int(t["replays"])
     return (f"**{what}** ({n} replays): adaptive measures **{t['ad_trials'] / t['ex_trials']:.1%}"
             f" of the exhaustive trials** ({t['ad_h'] / t['ex_h']:.0%} of its GPU-hours); "
-            f"same winner or a correct tie in **{wilson(int(t['match']), n)}** of replays; a "
+            f"same winner or a correct tie in **{rate(int(t['match']), n)}** of replays; a "
             f"\"settled\" pick that is not the truth's fastest in "
-            f"**{wilson(int(t['wrong']), int(t['settled']))}** of settled verdicts, one more "
-            f"than 2% slower than it in **{wilson(int(t['far']), int(t['settled']))}** "
-            f"(exhaustive, any: {wilson(int(t['ex_wrong']), int(t['ex_settled']))}); a "
+            f"**{rate(int(t['wrong']), int(t['settled']))}** of settled verdicts, one more "
+            f"than 2% slower than it in **{rate(int(t['far']), int(t['settled']))}** "
+            f"(exhaustive, any: {rate(int(t['ex_wrong']), int(t['ex_settled']))}); a "
             f"declared tie that is wrong (the truth's fastest not in it, or a tied layout more "
-            f"than 2% slower than it) in **{wilson(int(t['tie_wrong']), int(t['tie']))}** of "
+            f"than 2% slower than it) in **{rate(int(t['tie_wrong']), int(t['tie']))}** of "
             f"ties.")
 
 
@@ -295,11 +294,11 @@ def table(stats: dict[str, dict[str, float]]) -> list[str]:
         lines.append(
             f"| {int(s['keys'])} | {group} | {s['ad_trials'] / s['ex_trials']:.0%} "
             f"({s['ad_trials'] / n:.1f} / {s['ex_trials'] / n:.1f} a key) "
-            f"| {s['ad_h'] / s['ex_h']:.0%} | {wilson(int(s['match']), n)} "
+            f"| {s['ad_h'] / s['ex_h']:.0%} | {rate(int(s['match']), n)} "
             f"| {s['settled'] / n:.0%} / {s['tie'] / n:.0%} / {s['unsettled'] / n:.0%} "
-            f"| {wilson(int(s['wrong']), int(s['settled']))} / "
-            f"{wilson(int(s['far']), int(s['settled']))} "
-            f"| {wilson(int(s['ex_wrong']), int(s['ex_settled']))} |")
+            f"| {rate(int(s['wrong']), int(s['settled']))} / "
+            f"{rate(int(s['far']), int(s['settled']))} "
+            f"| {rate(int(s['ex_wrong']), int(s['ex_settled']))} |")
     return lines
 
 
@@ -335,8 +334,8 @@ def tuning(keys_: list[Key], replays: int) -> list[str]:
         if ok_acc and chosen is None:
             chosen = m
         lines.append(f"| {m} | {t['ad_trials'] / t['ex_trials']:.0%} "
-                     f"| {wilson(int(t['match']), int(t['replays']))} "
-                     f"| {wilson(int(t['wrong']), int(t['settled']))} | {'yes' if meets(t) else 'no'} |")
+                     f"| {rate(int(t['match']), int(t['replays']))} "
+                     f"| {rate(int(t['wrong']), int(t['settled']))} | {'yes' if meets(t) else 'no'} |")
     lines += ["", f"The rule chooses **min_repeats={chosen}**; conf/search/default.yaml ships "
               f"**{shipped_min_repeats()}**."]
     return lines

@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from hcp_tune.engine import verdict  # noqa: E402
+from rates import wilson  # noqa: E402
 
 THRESHOLD = 0.02
 CP = 4
@@ -41,15 +42,6 @@ CP = 4
 def _rows(a2a: int, medians: list[float]) -> list[dict]:
     return [{"a2a": a2a, "p2p": CP // a2a, "status": "ok", "verified": True,
              "median_s": m, "peak_mem_bytes": 0, "comm_type": "a2a"} for m in medians]
-
-
-def wilson(k: int, n: int) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    z, p = 1.96, k / n
-    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, mid - half), min(1.0, mid + half)
 
 
 def one_key(rng: random.Random, layouts: int, spread: float, n0: int):

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import sys
@@ -54,8 +53,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from hcp_tune.outputs.regress import Options, compare, stats, usable  # noqa: E402
+from rates import wilson  # noqa: E402
 
 POOL = REPO / "benchmarks" / "regress_pool_rows.jsonl"
 GPU_POOL = REPO / "benchmarks" / "recordings" / "h200-attention-compute.jsonl"
@@ -110,15 +111,6 @@ def run_nights(nights, seed, n, sd, opts=OPTS, **kw):
 
 def _i(c):
     return LAYOUTS.index((c.key[5], c.key[4], c.a2a))
-
-
-def wilson(k, n):
-    if n == 0:
-        return 0.0, 1.0
-    z, p = 1.96, k / n
-    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, mid - half), min(1.0, mid + half)
 
 
 def pct(k, n):
@@ -412,7 +404,6 @@ def main() -> int:
             "threshold (docs/regress.md). Seeds from "
             f"{args.seed}: none was used while the rule was developed (seeds < 1000). "
             f"{time.monotonic() - t0:.0f} s.", ""]
-    sys.path.insert(0, str(REPO / "benchmarks"))
     from stamp import write_results
 
     if args.only is None:
