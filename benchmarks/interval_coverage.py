@@ -91,17 +91,13 @@ def main() -> int:
             lines.append(f"| {name} | {n} | {cell(*got['figure'])} | {cell(*got['ratio'])} "
                          f"| {cell(*got['bootstrap'])} |")
             print(lines[-1], flush=True)
-    doc = (__doc__ or "").split("\n\n")
-    body = ["# Coverage of the ranking's 95% intervals (issue 28)", "",
-            "```", "PYTHONPATH=$PWD python " + " ".join(sys.argv), "```", "",
-            doc[1].replace("\n", " "), "", doc[2].replace("\n", " "), "", *lines, "",
-            f"The lowest coverage of the figure's or the ratio's interval in any row: "
-            f"**{worst:.1%}** (nominal 95%). Intervals in brackets: 95% Wilson over the "
-            f"simulated keys. {args.keys} keys a row, {time.monotonic() - t0:.0f} s."]
-    from stamp import write_results
+    from stamp import write_simulation
 
-    write_results(args.out, "\n".join(body))
-    print(f"wrote {args.out}")
+    write_simulation(
+        args.out, "Coverage of the ranking's 95% intervals (issue 28)", __doc__ or "", lines,
+        f"The lowest coverage of the figure's or the ratio's interval in any row: "
+        f"**{worst:.1%}** (nominal 95%). Intervals in brackets: 95% Wilson over the "
+        f"simulated keys. {args.keys} keys a row, {time.monotonic() - t0:.0f} s.")
     return 0
 
 

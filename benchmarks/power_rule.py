@@ -116,20 +116,15 @@ def main() -> int:
     rlo, rhi = wilson(tot_r, tot_d)
     verdict_line = "meets" if lo >= 0.8 else ("meets on its point estimate"
                                               if tot_d / tot_k >= 0.8 else "misses")
-    body = [
-        "# The power rule: do the suggested trials settle the key? (issue 28)", "",
-        "```", "PYTHONPATH=$PWD python " + " ".join(sys.argv), "```", "",
-        (__doc__ or "").split("\n\n")[1].replace("\n", " "), "",
-        (__doc__ or "").split("\n\n")[2].replace("\n", " "), "",
-        *lines, "",
+    from stamp import write_simulation
+
+    write_simulation(
+        args.out, "The power rule: do the suggested trials settle the key? (issue 28)",
+        __doc__ or "", lines,
         f"**All rows** ({tot_k} unsettled keys): the suggested trials settle or tie "
         f"**{tot_d / tot_k:.1%} [{lo:.1%}, {hi:.1%}]** of them (goal >= 80%: {verdict_line}); "
         f"the decision is right in **{tot_r / max(1, tot_d):.1%} [{rlo:.1%}, {rhi:.1%}]**. "
-        f"{time.monotonic() - t0:.0f} s."]
-    from stamp import write_results
-
-    write_results(args.out, "\n".join(body))
-    print(f"wrote {args.out}")
+        f"{time.monotonic() - t0:.0f} s.")
     return 0
 
 

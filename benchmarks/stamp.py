@@ -52,3 +52,15 @@ def stamp(argv: list[str] | None = None) -> str:
 def write_results(path: str | Path, text: str, argv: list[str] | None = None) -> None:
     """Write a results file: the stamp, then ``text``."""
     Path(path).write_text(stamp(argv) + text.rstrip("\n") + "\n")
+
+
+def write_simulation(path: str | Path, title: str, doc: str, table: list[str],
+                     closing: str) -> None:
+    """A simulation benchmark's results file: its title, the command that made it, the
+    first two paragraphs after the summary line of its docstring ``doc`` (what is
+    simulated, and how), its table and a closing line; says where it wrote."""
+    paragraphs = [p.replace("\n", " ") for p in doc.split("\n\n")[1:3]]
+    body = [f"# {title}", "", "```", "PYTHONPATH=$PWD python " + " ".join(sys.argv), "```",
+            "", *(x for p in paragraphs for x in (p, "")), *table, "", closing]
+    write_results(path, "\n".join(body))
+    print(f"wrote {path}")
