@@ -52,14 +52,14 @@ model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true
 """
 
 
-def _show(fmt: str, data: dict, table: str) -> None:
-    """``format=json`` prints ``data``; otherwise ``ui.<table>`` renders the same data."""
+def _show(fmt: str, data: dict, table: str, view: str = "ui") -> None:
+    """``format=json`` prints ``data``; otherwise ``outputs.<view>.<table>`` renders it."""
     if fmt == "json":
         print(json.dumps(data, indent=2, default=str))
         return
-    from hcp_tune.outputs import ui
+    import importlib
 
-    getattr(ui, table)(data)
+    getattr(importlib.import_module(f"hcp_tune.outputs.{view}"), table)(data)
 
 
 def cmd_plan(args: list[str]) -> int:
@@ -82,7 +82,7 @@ def cmd_predict(args: list[str]) -> int:
         from hcp_tune.outputs.ui import say
 
         say(*pred["measured"])
-    _show(cfg.format, pred, "print_predict")
+    _show(cfg.format, pred, "print_predict", "predict_view")
     return EXIT_OK
 
 
@@ -183,7 +183,7 @@ def cmd_sweep(args: list[str]) -> int:
         config.writable_dir(cfg.results_dir)
     ui.print_sweep_runner(reason)
     if runner == "model":
-        _show(cfg.format, predict.predict_rows(cfg), "print_predict")
+        _show(cfg.format, predict.predict_rows(cfg), "print_predict", "predict_view")
         return EXIT_OK
     cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, name=runner))
     if runner == "attention+bridge":  # attention over every layout, Bridge over the best k
@@ -326,10 +326,15 @@ def cmd_recommend(args: list[str]) -> int:
     elif rec:
         from hcp_tune.outputs import ui
 
-        ui.print_recommendation(rec, recommend.bridge_overrides(rec), recommend.python_form(rec))
+        from hcp_tune.config import absolute_path
+
+        ui.print_recommendation(rec, recommend.bridge_overrides(rec), recommend.python_form(rec),
+                                None if cfg.results_dir == absolute_path("results")
+                                else str(cfg.results_dir))
     else:
         from hcp_tune.costmodel.memory import advice_line
-        from hcp_tune.outputs.ui import close_group_lines, say
+        from hcp_tune.outputs.predict_view import close_group_lines
+        from hcp_tune.outputs.ui import say
 
         say(f"recommend: nothing measured for "
             f"{recommend.key_text({**want, 'env_tag': want['env_tag'] or 'any'})}"

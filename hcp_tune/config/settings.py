@@ -116,14 +116,17 @@ class RunnerConfig:
             raise ConfigError(str(e)) from None
 
 
+REPEATS_MAX = 100  # the most trials one sweep gives a layout (search.repeats)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SearchConfig:
     """``search=``: which layouts a sweep measures, how often, and when it stops one."""
 
     repeats: int = _f("trials per layout; with search.adaptive, the most any layout gets",
-                      max=100)
+                      max=REPEATS_MAX)
     min_repeats: int = _f("search.adaptive: trials every kept layout gets before the "
-                          "undecided ones get more", max=100)
+                          "undecided ones get more", max=REPEATS_MAX)
     adaptive: bool = _f("measure only the layouts not yet separated from the best again, "
                         "until the key is settled or a tie (false: every layout "
                         "search.repeats times)")

@@ -56,6 +56,18 @@ def key_field(record: dict[str, Any], name: str) -> Any:
     return value
 
 
+def key_args(record: dict[str, Any]) -> list[str]:
+    """A key's fields as the ``sweep`` overrides that select it, in KEY_FIELDS order: a
+    field at its ``OLDER_ROW_DEFAULTS`` value left out, the micro-batches per step given as
+    the global batch (gbs = micro_batches * mbs * dp); env_tag is the caller's to add."""
+    got = {k: key_field(record, k) for k in KEY_FIELDS}
+    args = [f"{k}={v}" for k, v in got.items() if k not in ("env_tag", "micro_batches")
+            and v != OLDER_ROW_DEFAULTS.get(k)]
+    if (got["micro_batches"] or 1) != 1:
+        args.append(f"gbs={got['micro_batches'] * (got['mbs'] or 1) * (got['dp'] or 1)}")
+    return args
+
+
 def name_slug(name: str) -> str:
     """The short name of a sweep key (from its name): its row folder and its journal."""
     return hashlib.sha1(name.encode()).hexdigest()[:12]

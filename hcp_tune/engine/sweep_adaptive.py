@@ -21,9 +21,6 @@ from typing import Any, Iterable
 
 from hcp_tune.engine import verdict
 
-FUTILE = 3  # a rival needing over FUTILE x the cap (power calculation) gets no more trials
-
-
 def counts(row: dict[str, Any]) -> bool:
     """A trial that counts toward ``search.repeats``: ok with a median (an ok trial whose
     CP check is missing counts too, though it enters no figure: measuring it again would

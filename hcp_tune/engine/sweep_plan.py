@@ -321,8 +321,8 @@ def sweep_estimate(cfg: SweepConfig, cands: list[Candidate]) -> dict[str, Any]:
         most = budget.estimate([c for c in per.values() for _ in range(cfg.search.repeats)])
         unit = "rank-hours" if cpu else "GPU-hours"
         out.update(max_trials=most.trials, max_gpu_hours=most.gpu_hours)
-        out["text"] += (f"; then rounds for the undecided layouts only: at most {most.trials} "
-                        f"trial(s), {most.gpu_hours:.3g} {unit} (search.repeats="
+        out["text"] += (f"; then rounds for the undecided layouts only, up to {most.trials} "
+                        f"trial(s) in all, {most.gpu_hours:.3g} {unit} (search.repeats="
                         f"{cfg.search.repeats} each); on the decision-cost benchmark's held-out "
                         f"keys adaptive sweeps measured {error_rates.ADAPTIVE_COST} of the "
                         "trials of exhaustive ones")

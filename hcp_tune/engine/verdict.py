@@ -14,8 +14,8 @@ share its machine and session), ``df`` its moderated degrees of freedom, ``facto
 the variance of a median of n over that of one trial. Deterministic: the same rows give
 the same interval, so a resumed sweep decides the same. Not a bootstrap: a percentile
 bootstrap of a median over 3 trials is about the trials' range and covers the true median
-75% of the time (50% at 2, 94% at 5), so its "95%" would be false exactly where an adaptive
-sweep decides (tests/engine/test_verdict.py measures both). The trial, not the step, is the
+75% of the time (50% at 2, 93% at 5), so its "95%" would be false exactly where an adaptive
+sweep decides (benchmarks/interval_coverage.py measures both). The trial, not the step, is the
 unit: a trial's steps share one allocation, one placement and one warm-up, so pooling them
 would count the same allocation's luck hundreds of times and make the interval far too
 narrow (docs/guides/ranking.md argues it with numbers). Pruned, cancelled, skipped and
@@ -125,7 +125,8 @@ def usable(row: dict[str, Any]) -> bool:
     ``regress``: ok, verified (CP was active) and with a positive median."""
     m = row.get("median_s")
     return (row.get("status") == "ok" and bool(row.get("verified"))
-            and isinstance(m, (int, float)) and not is_missing(m) and m > 0)
+            and isinstance(m, (int, float)) and not is_missing(m) and math.isfinite(m)
+            and m > 0)
 
 
 def _t(df: float) -> float:
@@ -225,9 +226,10 @@ def decide(rows: list[dict[str, Any]], tie_threshold: float = TIE_THRESHOLD) -> 
     # not separated from the best; a layout early stopping stopped (and has no interval)
     # lost on every step of a trial, beyond the best's noise and 5%: out
     close = [f for f in others if ratios[f.layout][0] <= 1.0 and f.layout not in pruned]
-    if not others and not pruned:
-        kind = "unsettled"  # one layout measured: nothing was compared
-    elif not close and (best.n_trials >= MIN_TRIALS or not others):
+    if not others and not pruned:  # one layout measured: nothing was compared, and more
+        # trials of it cannot change that (no layout is undecided: adaptive rounds stop)
+        return Verdict("unsettled", figs, ratios, pruned, tie_threshold=tie_threshold)
+    if not close and (best.n_trials >= MIN_TRIALS or not others):
         kind = "settled"
     elif close and all(1 - tie_threshold <= ratios[f.layout][0]
                        and ratios[f.layout][1] <= 1 + tie_threshold for f in close):
@@ -263,6 +265,8 @@ def summary(v: Verdict) -> str:
         lt = v.lighter
         return (f"tie within {v.tie_threshold:.0%}: {names}; [{lt[0]},{lt[1]}] uses the least "
                 "memory")
+    if not v.undecided:
+        return f"unsettled: only [{b[0]},{b[1]}] has a usable measurement: nothing to compare"
     names = " ".join(f"[{a},{p}]" for a, p in v.undecided)
     more = max(v.more_trials.values(), default=0)
     return f"unsettled: {names} not yet separated; about {more} more trial(s) each"

@@ -6,10 +6,13 @@ it says so and lists the nearest keys that were.
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Any, Optional
 
-from hcp_tune.engine.error_rates import AGREEMENT, SETTLED_ERROR
-from hcp_tune.engine.records import key_field
+from hcp_tune.config.settings import REPEATS_MAX as MAX_REPEATS
+from hcp_tune.engine.error_rates import AGREEMENT, POWER_RULE, SETTLED_ERROR, rate_for
+from hcp_tune.engine.records import key_args, key_field
+from hcp_tune.engine.verdict import MIN_TRIALS
 from hcp_tune.space.layout import Layout
 
 
@@ -100,19 +103,30 @@ def figure_text(rec: dict[str, Any]) -> str:
     return f"median {med:.4g} s{ci} over {n} ok trial(s) of this layout"
 
 
-def measure_command(rec: dict[str, Any]) -> str:
-    """The sweep that measures only the undecided layouts of an unsettled key, capped at
-    the trials the power calculation asks for (``verdict.trials_to_decide``)."""
+def measure_command(rec: dict[str, Any], results_dir: Optional[str] = None) -> str:
+    """The sweep that takes only the undecided layouts of an unsettled key to the trials the
+    power calculation asks for (``verdict.trials_to_decide``), in one go (adaptive off: the
+    stored trials count), at most ``MAX_REPEATS`` a layout; ``results_dir``: the folder the
+    key was read from, when it is not the default."""
     a2a = [int(x.strip("[]").split(",")[0]) for x in str(rec.get("undecided") or "").split()]
+    args = key_args(rec)
+    if str(rec.get("env_tag") or "default") != "default":
+        args.append(f"env_tag={rec['env_tag']}")
+    if results_dir:
+        args.append(f"results_dir={results_dir}")
+    args += [f"search.a2a_sizes=[{','.join(map(str, a2a))}]", "search.adaptive=false",
+             f"search.repeats={min(wanted_trials(rec), MAX_REPEATS)}"]
+    return "python -m hcp_tune sweep " + " ".join(shlex.quote(a) for a in args)
+
+
+def wanted_trials(rec: dict[str, Any]) -> int:
+    """The trials a layout of an unsettled key should have in all (the best's and the
+    power calculation's more; at least an interval's worth)."""
     total = int(_num(rec.get("n_trials")) or 0) + int(_num(rec.get("more_trials")) or 0)
-    key = (f"cluster={rec['cluster']} model={rec['model']} tp={rec['tp']} "
-           f"pp={key_field(rec, 'pp')} cp={rec['cp']} seq={rec['seq']} runner={rec['runner']} "
-           f"env_tag={rec['env_tag']}")
-    return (f"python -m hcp_tune sweep {key} search.a2a_sizes=[{','.join(map(str, a2a))}] "
-            f"search.repeats={max(total, 3)}")
+    return max(total, MIN_TRIALS + 1)
 
 
-def verdict_lines(rec: dict[str, Any]) -> list[str]:
+def verdict_lines(rec: dict[str, Any], results_dir: Optional[str] = None) -> list[str]:
     """The key's verdict in words (docs/guides/ranking.md), with its measured error rate."""
     kind = rec.get("verdict") or ""
     best = f"[{rec['a2a']},{rec['p2p']}]"
@@ -123,11 +137,28 @@ def verdict_lines(rec: dict[str, Any]) -> list[str]:
         return [f"tie: {rec.get('tied')} are equivalent within the tie threshold (95% "
                 f"interval of their ratio inside 1 +- threshold); {rec.get('lighter')} uses "
                 f"the least memory ({AGREEMENT})"]
+    if kind == "unsettled" and not rec.get("undecided"):
+        return [f"unsettled: only {best} has a usable measurement, so nothing was compared "
+                "(the other layouts failed, were skipped, or were left out by "
+                "search.a2a_sizes); more trials of it would not change that"]
     if kind == "unsettled":
         more = int(_num(rec.get("more_trials")) or 0)
+        over = (f"; that is more than one sweep measures (search.repeats <= {MAX_REPEATS}): "
+                f"at this noise they are practically equal, and the command takes them to "
+                f"{MAX_REPEATS} trials each" if wanted_trials(rec) > MAX_REPEATS else "")
         return [f"unsettled: {rec.get('undecided')} are not yet separated; about {more} more "
-                "trial(s) each should settle it (80% power; settled or a tie in 94% of "
-                "simulated keys at 1-2% spread: docs/guides/ranking.md), measure only them "
-                "with:",
-                "  " + measure_command(rec)]
+                f"trial(s) each should settle it (80% power; {POWER_RULE}){over}; measure "
+                "only them with:", "  " + measure_command(rec, results_dir)]
     return []
+
+
+def sweep_verdict_lines(recs: list[dict[str, Any]], results_dir: str) -> list[str]:
+    """Under the sweep's table: each verdict's measured error rate once, and per unsettled
+    key its undecided layouts with the command that measures only them."""
+    kinds = {r.get("verdict") for r in recs}
+    out = [f"{k}: {rate_for(k)}" for k in ("settled", "tie") if k in kinds]
+    for r in recs:
+        if r.get("verdict") == "unsettled":
+            first, *rest = verdict_lines(r, results_dir)
+            out += [f"tp={r['tp']} seq={r['seq']}: {first}", *rest]
+    return out

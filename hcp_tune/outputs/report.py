@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from hcp_tune.engine.store import KEY_FIELDS
 from hcp_tune.engine import verdict
+from hcp_tune.engine.error_rates import rate_for
 from hcp_tune.noise import percentile
 from hcp_tune.outputs.regress import fingerprint_of, usable
 
@@ -152,7 +153,8 @@ def summarize(rows: list[dict[str, Any]], *, results_dir=None, env_tag: Optional
             s.ci_lo_s, s.ci_hi_s = intervals.get(s.a2a, (None, None))
         ks = KeySummary(dict(zip(KEY_FIELDS, key)), layouts, not_ok,
                         injected=sum(bool(fingerprint_of(r).get("inject_delay")) for r in key_rows),
-                        verdict=verdict.summary(decided) if layouts else "")
+                        verdict=(f"{verdict.summary(decided)} ({rate_for(decided.kind)})"
+                                 if layouts else ""))
         if predictions and layouts:
             ks.prediction_label = _predict(ks.key, layouts, results_dir, profiles)
         out.append(ks)

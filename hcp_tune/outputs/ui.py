@@ -90,7 +90,7 @@ def print_plan(plan: dict[str, Any]) -> None:
     rows = plan["candidates"]
     kept = sum(r["kept"] for r in rows)
     out = console()
-    _notes(plan)
+    print_notes(plan)
     out.print(escape(f"plan: model={plan['model']} cluster={plan['cluster']} cp={plan['cp']} "
                      f"pp={plan['pp']} ({kept} kept, {len(rows) - kept} rejected)"))
     table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, show_lines=True)
@@ -117,7 +117,7 @@ def print_plan(plan: dict[str, Any]) -> None:
         out.print(escape(f"sweep cost of the kept layouts: {plan['estimate']['text']}"))
 
 
-def _notes(data: dict[str, Any]) -> None:
+def print_notes(data: dict[str, Any]) -> None:
     for line in data.get("notes", []):
         console().print(escape(f"note: {line}"))
 
@@ -236,6 +236,7 @@ def print_sweep_end(summary: Any, recs: list[dict[str, Any]], results_dir: Any) 
               f"{summary.pruned_saved_steps} measured step(s) not run")
     if recs:
         print_recommendations(recs, f"ranked: {results_dir}/recommendations.csv")
+        say(*recommend.sweep_verdict_lines(recs, str(results_dir)))
     for line in unmeasured_lines(summary, {(r["tp"], r["seq"]) for r in recs},
                                  f"{results_dir}/trials.csv"):
         print(line, file=sys.stderr)
@@ -348,13 +349,14 @@ def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
         out.print(table, width=TABLE_WIDTH)
 
 
-def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list[str]) -> None:
+def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list[str],
+                         results_dir: Optional[str] = None) -> None:
     out = console()
     out.print(escape(
         f"recommend: {rec['cluster']} {rec['model']} tp={rec['tp']} cp={rec['cp']} seq={rec['seq']} "
         f"env_tag={rec['env_tag']}: [{rec['a2a']},{rec['p2p']}] {rec['comm_type']}, "
         f"{recommend.figure_text(rec)}"))
-    for line in recommend.verdict_lines(rec):
+    for line in recommend.verdict_lines(rec, results_dir):
         out.print(escape(line))
     if rec.get("incomplete") and rec.get("missing"):
         out.print(escape(f"incomplete: not every layout has a valid measurement: "
@@ -373,80 +375,3 @@ def human_time(seconds: float) -> str:
     if seconds >= 1:
         return f"{seconds:.2f} s"
     return f"{seconds * 1e3:.1f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.2f} ms"
-
-
-def _crossing(r: dict[str, Any]) -> list[str]:
-    """``crosses nodes: a2a`` (or p2p, a2a+p2p) for a layout with a level that leaves a node."""
-    return [f"crosses nodes: {r['crosses_nodes']}"] if r.get("crosses_nodes", "-") != "-" else []
-
-
-def close_group_lines(pred: dict[str, Any]) -> list[str]:
-    """Per key: the too-close-to-call group (or the confident pick) in one line, and for a
-    group the ``sweep`` that measures only it (``predict.close_groups``)."""
-    b, lines = pred.get("band"), []
-    for g in pred.get("close_groups", []):
-        lays = ", ".join(f"[{a},{p}]" for a, p in zip(g["a2a_sizes"], g["p2p_sizes"]))
-        head = f"tp={g['tp']} seq={g['seq']}: "
-        within = f"within the model's error band ({g['band_factor']:.3f}x, q={b['q']:g})"
-        if g.get("not_validated"):
-            lines.append(head + f"not validated for {g['not_validated']}: measure them all "
-                         f"({lays}) with:")
-            lines.append("  " + g["settle_command"])
-        elif g["confident"]:
-            lines.append(head + f"confident pick {lays}: no other layout predicted {within} "
-                         "of it")
-        else:
-            lines.append(head + f"too close to call: {lays} are predicted {within} of the "
-                         "best; measure only them with:")
-            lines.append("  " + g["settle_command"])
-    if lines:
-        lines.append(f"error band: {b['source']} (docs/predicted-band.md)")
-    return lines
-
-
-def print_predict(pred: dict[str, Any]) -> None:
-    """The cost model's table: every number PREDICTED, with the parameters' source. The
-    default table holds the breakdown's five parts and fits TABLE_WIDTH columns; the terms
-    inside each part (short blocks, few heads, messages, shared link, ring steps) are in
-    ``format=json``."""
-    from rich import box
-
-    rows = pred["candidates"]
-    table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False, show_lines=False)
-    for col in ("#", "tp", "seq", "[a2a,p2p]", "step", "vs best", "compute", "a2a", "p2p",
-                "other", "GiB", "fits", "note"):
-        table.add_column(escape(col), overflow="fold",
-                         max_width=18 if col == "note" else None,
-                         justify="left" if col in ("[a2a,p2p]", "fits", "note") else "right")
-    for r in rows:
-        b = r["breakdown_s"]
-        fits = "yes" if r["fits_memory"] else f"[red]no (> {pred['gpu_memory_gib']:g})[/]"
-        table.add_row(
-            str(r["rank"] or "-"), str(r["tp"]), str(r["seq"]),
-            escape(f"[{r['a2a']},{r['p2p']}] {r['comm_type']}"),
-            human_time(r["predicted_step_time_s"]), f"{r['vs_best']:.3f}x",
-            human_time(b["compute_s"]), human_time(b["exposed_a2a_s"]),
-            human_time(b["exposed_p2p_s"]), human_time(b["other_s"]),
-            f"{r['predicted_memory_gib']:.1f}", fits,
-            escape("; ".join(r["flags"] + _crossing(r))) or "-",
-        )
-    out = console()
-    _notes(pred)
-    out.print(escape(
-        f"PREDICTED (cost model, not measured): model={pred['model']} "
-        f"cluster={pred['cluster']} cp={pred['cp']} pp={pred['pp']} mbs={pred['mbs']} "
-        f"gbs={pred['gbs']} recompute={pred['recompute']} {pred['dtype']}; "
-        f"params: {pred['params_source']}"))
-    out.print("step = compute + exposed a2a + exposed p2p + other (per layer terms: "
-              "format=json); GiB: predicted peak memory per GPU")
-    out.print(table, width=TABLE_WIDTH)
-    from hcp_tune.costmodel.memory import advice_line
-
-    for a in pred.get("fit_advice", []):
-        out.print(escape(advice_line(a, pred["gpu_memory_gib"], "predict")))
-    for r in pred["rejected"]:
-        out.print(escape(f"rejected tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: "
-                         + "; ".join(r["reasons"])))
-    say(*close_group_lines(pred))  # prose wrapped, a command whole
-    out.print(escape(f"every number above is {pred['label']}; measure with "
-                     "`python -m hcp_tune sweep ...` on the cluster"))

@@ -264,7 +264,7 @@ def test_an_adaptive_plan_states_the_most_its_rounds_can_cost():
     est = json.loads(r.stdout)["estimate"]
     assert est["trials"] == 2 and est["max_trials"] == 10
     assert est["max_gpu_hours"] > est["gpu_hours"]
-    assert "at most 10 trial(s)" in est["text"] and ADAPTIVE_COST in est["text"]
+    assert "up to 10 trial(s) in all" in est["text"] and ADAPTIVE_COST in est["text"]
     r = hcp("plan", "cp=2", "seq=256", "model=tiny", "cluster=local", "format=json",
             "search.adaptive=false")
     est = json.loads(r.stdout)["estimate"]

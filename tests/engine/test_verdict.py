@@ -129,7 +129,7 @@ def test_the_95_percent_intervals_hold_the_truth_about_95_percent_of_the_time(n)
     """Coverage, by simulation: 4 layouts of one key, n log-normal trials each (2% spread,
     true figures 1.00-1.06). The figure's interval and the ratio's must hold the truth in
     >= 92% of keys (95% nominal; 200 keys); the percentile bootstrap they replace holds it
-    in about 50% at 2 trials, 75% at 3, 94% at 5."""
+    in about 50% at 2 trials, 75% at 3, 93% at 5 (benchmarks/interval_coverage.py)."""
     rng = random.Random(n)
     truth = {1: 1.00, 2: 1.02, 4: 1.06, 8: 1.04}
     fig_hits = ratio_hits = boot_hits = total = ratios = 0
@@ -164,3 +164,13 @@ def test_the_error_rates_recommend_states_are_the_benchmarks_held_out_figures():
     match, settled, _, tie = re.findall(pct, line)
     assert settled in SETTLED_ERROR and tie in AGREEMENT and match in AGREEMENT
     assert f"adaptive measures **{ADAPTIVE_COST} of the exhaustive trials**" in line
+
+
+def test_the_power_rule_figure_recommend_states_is_the_benchmarks():
+    from pathlib import Path
+
+    from hcp_tune.engine.error_rates import POWER_RULE
+    text = (Path(__file__).resolve().parents[2] / "benchmarks/RESULTS-power-rule.md").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("**All rows**"))
+    figure = line.split("**")[3]  # "91.2% [90.4%, 92.0%]"
+    assert figure in POWER_RULE, (figure, POWER_RULE)

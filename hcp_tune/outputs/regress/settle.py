@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from hcp_tune.engine.records import OLDER_ROW_DEFAULTS
+from hcp_tune.engine.records import key_args
 from hcp_tune.errors import EXIT_USAGE
 import hcp_tune.outputs.regress.stats as stats
 from hcp_tune.outputs.regress.model import COMPARED, Comparison, Options, compare
@@ -41,12 +41,7 @@ def sweep_args(key: tuple, tag: str, repeats: int, extra: tuple[str, ...] = ()) 
     """The sweep that brings a key's layouts under ``tag`` to ``repeats`` trials each (a
     sweep resumes: it measures only the trials not yet stored). ``extra`` overrides go
     first, the key and tag last, so they cannot move the sweep to another key."""
-    given = dict(zip(COMPARED, key))
-    fields = [f"{k}={v}" for k, v in given.items()
-              if k != "micro_batches" and v != OLDER_ROW_DEFAULTS.get(k)]
-    m = given.get("micro_batches") or 1
-    if m != 1:  # the key's micro-batches per step come from the global batch: gbs/(mbs*dp)
-        fields.append(f"gbs={m * (given.get('mbs') or 1) * (given.get('dp') or 1)}")
+    fields = key_args(dict(zip(COMPARED, key)))
     return ["sweep", *extra, *fields, f"env_tag={tag}", f"search.repeats={repeats}",
             "search.purpose=regress"]
 
