@@ -75,7 +75,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from hcp_tune.engine import sweep_adaptive, verdict  # noqa: E402
 from hcp_tune.engine.trials import MIN_STEPS_TO_PRUNE, should_prune  # noqa: E402
 from hcp_tune.noise import percentile  # noqa: E402
-from rates import wilson  # noqa: E402
+from rates import rate  # noqa: E402
 from stamp import write_results  # noqa: E402
 
 B = REPO / "benchmarks"
@@ -249,14 +249,6 @@ def measure(keys_: list[Key], replays: int, fastest_first: bool,
                          ("ex_wrong", ex.kind == "settled" and eb != true_best)):
                 s[k] += v
     return stats
-
-
-def rate(k: int, n: int) -> str:
-    """k/n with its 95% Wilson interval, e.g. '96.7% [95.7%, 97.4%]'."""
-    if n == 0:
-        return "-"
-    lo, hi = wilson(k, n)
-    return f"{k / n:.1%} [{lo:.1%}, {hi:.1%}]"
 
 
 def total(stats: dict[str, dict[str, float]]) -> dict[str, float]:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from hcp_tune.engine import verdict  # noqa: E402
-from rates import wilson  # noqa: E402
+from rates import rate  # noqa: E402
 
 TRUTH = {1: 1.00, 2: 1.02, 4: 1.06, 8: 1.04}
 CP = 8
@@ -67,11 +67,6 @@ def row(seed: int, keys: int, n: int, spreads: dict[int, float]) -> dict[str, tu
             "bootstrap": (hits["bootstrap"], 4 * keys)}
 
 
-def cell(k: int, n: int) -> str:
-    lo, hi = wilson(k, n)
-    return f"{k / n:.1%} [{lo:.1%}, {hi:.1%}]"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", type=int, default=2000, help="simulated keys per row")
@@ -88,8 +83,8 @@ def main() -> int:
         for n in (2, 3, 5):
             got = row(args.seed + 10 * i + n, args.keys, n, spreads)
             worst = min(worst, *(k / t for key, (k, t) in got.items() if key != "bootstrap"))
-            lines.append(f"| {name} | {n} | {cell(*got['figure'])} | {cell(*got['ratio'])} "
-                         f"| {cell(*got['bootstrap'])} |")
+            lines.append(f"| {name} | {n} | {rate(*got['figure'])} | {rate(*got['ratio'])} "
+                         f"| {rate(*got['bootstrap'])} |")
             print(lines[-1], flush=True)
     from stamp import write_simulation
 

@@ -16,3 +16,11 @@ def wilson(k: int, n: int) -> tuple[float, float]:
     mid = (p + Z * Z / (2 * n)) / d
     half = Z * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n)) / d
     return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def rate(k: int, n: int) -> str:
+    """k/n with its 95% Wilson interval, e.g. '96.7% [95.7%, 97.4%]'; '-' when n is 0."""
+    if n == 0:
+        return "-"
+    lo, hi = wilson(k, n)
+    return f"{k / n:.1%} [{lo:.1%}, {hi:.1%}]"
