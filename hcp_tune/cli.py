@@ -324,13 +324,11 @@ def cmd_recommend(args: list[str]) -> int:
             "fit_advice": advice,
         }, indent=2, default=str))
     elif rec:
+        from hcp_tune.config import results_dir_override
         from hcp_tune.outputs import ui
 
-        from hcp_tune.config import absolute_path
-
         ui.print_recommendation(rec, recommend.bridge_overrides(rec), recommend.python_form(rec),
-                                None if cfg.results_dir == absolute_path("results")
-                                else str(cfg.results_dir))
+                                results_dir_override(cfg))
     else:
         from hcp_tune.costmodel.memory import advice_line
         from hcp_tune.outputs.predict_view import close_group_lines

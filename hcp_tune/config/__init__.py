@@ -258,6 +258,12 @@ def absolute_path(value: Any) -> Path:
     return Path(os.path.abspath(os.path.expanduser(str(value))))
 
 
+def results_dir_override(cfg: Any) -> Optional[str]:
+    """``cfg.results_dir`` as a command's override needs it: None when it is the default
+    (``results`` under the current directory), else the absolute folder."""
+    return None if cfg.results_dir == absolute_path("results") else str(cfg.results_dir)
+
+
 def _parallel_sizes(t: TopLevel, model: str, recipe: Optional[str] = None
                     ) -> tuple[tuple[int, ...], int, int, str]:
     """(tps, pp, gbs, note): what the user gave, else the recipe ``runner.recipe`` names,

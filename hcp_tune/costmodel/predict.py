@@ -67,7 +67,7 @@ def band_for(cfg: SweepConfig, params: CostParams) -> band.Band:
 def settle_command(cfg: SweepConfig, seq: int, tp: int, a2a_sizes: list[int]) -> str:
     """The ``sweep`` that measures exactly ``a2a_sizes`` for one (seq, tp) key of ``cfg``,
     with a measuring runner (runner=attention unless the config names one that measures)."""
-    from hcp_tune.config import absolute_path
+    from hcp_tune.config import results_dir_override
 
     runner = cfg.runner.name if cfg.runner.name not in ("auto", "model") else "attention"
     args = [f"cluster={cfg.cluster.name}", f"model={cfg.model.name}", f"cp={cfg.cp}",
@@ -79,8 +79,8 @@ def settle_command(cfg: SweepConfig, seq: int, tp: int, a2a_sizes: list[int]) ->
             args.append(f"recompute_num_layers={cfg.recompute.num_layers}")
     if cfg.env_tag != "default":
         args.append(f"env_tag={cfg.env_tag}")
-    if cfg.results_dir != absolute_path("results"):
-        args.append(f"results_dir={cfg.results_dir}")
+    if results_dir_override(cfg):
+        args.append(f"results_dir={results_dir_override(cfg)}")
     args += [f"runner={runner}", f"search.a2a_sizes=[{','.join(map(str, a2a_sizes))}]"]
     return "python -m hcp_tune sweep " + " ".join(shlex.quote(a) for a in args)
 

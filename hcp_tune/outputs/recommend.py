@@ -10,7 +10,7 @@ import shlex
 from typing import Any, Optional
 
 from hcp_tune.config.settings import REPEATS_MAX as MAX_REPEATS
-from hcp_tune.engine.error_rates import AGREEMENT, POWER_RULE, SETTLED_ERROR, rate_for
+from hcp_tune.engine.error_rates import rate_for
 from hcp_tune.engine.records import key_args, key_field
 from hcp_tune.engine.verdict import MIN_TRIALS
 from hcp_tune.space.layout import Layout
@@ -132,11 +132,11 @@ def verdict_lines(rec: dict[str, Any], results_dir: Optional[str] = None) -> lis
     best = f"[{rec['a2a']},{rec['p2p']}]"
     if kind == "settled":
         return [f"settled: {best} is the fastest; every other layout is slower with 95% "
-                f"confidence ({SETTLED_ERROR})"]
+                f"confidence ({rate_for(kind)})"]
     if kind == "tie":
         return [f"tie: {rec.get('tied')} are equivalent within the tie threshold (95% "
                 f"interval of their ratio inside 1 +- threshold); {rec.get('lighter')} uses "
-                f"the least memory ({AGREEMENT})"]
+                f"the least memory ({rate_for(kind)})"]
     if kind == "unsettled" and not rec.get("undecided"):
         return [f"unsettled: only {best} has a usable measurement, so nothing was compared "
                 "(the other layouts failed, were skipped, or were left out by "
@@ -147,7 +147,7 @@ def verdict_lines(rec: dict[str, Any], results_dir: Optional[str] = None) -> lis
                 f"at this noise they are practically equal, and the command takes them to "
                 f"{MAX_REPEATS} trials each" if wanted_trials(rec) > MAX_REPEATS else "")
         return [f"unsettled: {rec.get('undecided')} are not yet separated; about {more} more "
-                f"trial(s) each should settle it (80% power; {POWER_RULE}){over}; measure "
+                f"trial(s) each should settle it (80% power; {rate_for(kind)}){over}; measure "
                 "only them with:", "  " + measure_command(rec, results_dir)]
     return []
 
