@@ -41,7 +41,7 @@ from hcp_tune.engine.trials import spec_for
 
 # the jobs' payloads, both executors: on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.payload import batch_payload, steps_payload
-from hcp_tune.space.layout import Candidate
+from hcp_tune.space.layout import Candidate, factorizations
 from hcp_tune.spec import Status, TrialResult, TrialSpec
 
 POLL_INTERVAL_S = 1.0  # how often the orchestrator polls jobs and progress files
@@ -114,7 +114,8 @@ class Sweeper(Collector):
         stored_ids = {r.get("trial_id") for r in rows}
         outstanding = {}
         for key, kept in kept_keys.items():
-            study = tuner.LayoutStudy(self.storage, key.name, [c.layout.a2a for c in kept])
+            study = tuner.LayoutStudy(self.storage, key.name, [c.layout.a2a for c in kept],
+                                      space=[lay.a2a for lay in factorizations(key.cp)])
             study.abandon_unsubmitted()
             self.studies[key] = study
             outstanding[key] = study.outstanding(stored_ids)

@@ -170,10 +170,19 @@ class Outstanding:
 
 
 class LayoutStudy:
-    """Ask/tell over the kept a2a sizes of one sweep key."""
+    """Ask/tell over the kept a2a sizes of one sweep key.
 
-    def __init__(self, storage: Any, name: str, kept_a2a: list[int]) -> None:
+    The study's ``a2a`` parameter has one value space for its whole life (optuna refuses a
+    trial whose categorical choices differ from the study's earlier ones): every a2a size
+    of the key's CP (``space``), whatever a sweep keeps (``search.a2a_sizes``, skipped
+    layouts, the prediction's order). A study that began with a narrower space (written
+    before) keeps it; a layout outside it carries its a2a as a user attribute instead."""
+
+    def __init__(self, storage: Any, name: str, kept_a2a: list[int],
+                 space: Collection[int] = ()) -> None:
         self.kept = list(kept_a2a)
+        self.space = sorted(set(space) | set(self.kept))
+        self._dist: Optional[CategoricalDistribution] = None
         storage = storage_for(storage, name)
         self.study = optuna.create_study(
             storage=storage, study_name=name, directions=["minimize", "minimize"],
@@ -193,7 +202,7 @@ class LayoutStudy:
             attrs = t.user_attrs
             if "job_id" in attrs and attrs["trial_id"] not in stored_ids \
                     and not _live_elsewhere(attrs):
-                out.append(Outstanding(t.number, int(t.params["a2a"]), attrs["trial_id"],
+                out.append(Outstanding(t.number, trial_a2a(t), attrs["trial_id"],
                                        attrs["job_id"], attrs["executor"], attrs["folder"]))
         return out
 
@@ -205,11 +214,16 @@ class LayoutStudy:
 
     def ask(self, a2a: int, trial_id_prefix: str) -> tuple[int, str, int]:
         """Start a trial for layout ``a2a``; returns (trial number, trial id, a2a it got)."""
-        self.study.enqueue_trial({"a2a": a2a})
+        dist = self._a2a_distribution()
+        inside = dist is not None and a2a in dist.choices
+        self.study.enqueue_trial({"a2a": a2a}, user_attrs=None if inside else {"a2a": a2a})
         trial = self.study.ask()
-        got = trial.suggest_categorical("a2a", self.kept)
-        if got != a2a:  # another orchestrator took our enqueued trial: measure what we got
-            a2a = got
+        # what we got (another orchestrator may have taken our enqueued trial): a layout
+        # outside the study's space says so in an attribute, the rest is its parameter
+        if "a2a" in trial.user_attrs:
+            a2a = int(trial.user_attrs["a2a"])
+        else:
+            a2a = trial.suggest_categorical("a2a", dist.choices if dist else [a2a])
         trial_id = f"{trial_id_prefix}-t{trial.number:03d}-a{a2a}"
         trial.set_user_attr("trial_id", trial_id)
         trial.set_user_attr("orchestrator", ORCHESTRATOR)  # who asked (``_live_elsewhere``)
@@ -272,16 +286,29 @@ class LayoutStudy:
         return self.study.get_trials(deepcopy=False)[-1].number
 
     def _a2a_distribution(self) -> Optional[CategoricalDistribution]:
-        """The study's distribution of ``a2a`` (choices must match across its trials)."""
-        for t in self.study.get_trials(deepcopy=False):
-            if "a2a" in t.distributions:
-                dist = t.distributions["a2a"]
-                return dist if isinstance(dist, CategoricalDistribution) else None
-        return CategoricalDistribution(self.kept) if self.kept else None
+        """The study's distribution of ``a2a`` (choices must match across its trials): the
+        one its trials already use, else ``space``; found once."""
+        if self._dist is None:
+            for t in self.study.get_trials(deepcopy=False):
+                if "a2a" in t.distributions:
+                    dist = t.distributions["a2a"]
+                    if isinstance(dist, CategoricalDistribution):
+                        self._dist = dist
+                    break
+            else:
+                self._dist = CategoricalDistribution(self.space) if self.space else None
+        return self._dist
 
     def pareto_a2a(self) -> set[int]:
         """a2a sizes on the (step time, memory) Pareto front of the completed trials."""
-        return {int(t.params["a2a"]) for t in self.study.best_trials if "a2a" in t.params}
+        return {a for t in self.study.best_trials if (a := trial_a2a(t)) is not None}
+
+
+def trial_a2a(t: FrozenTrial) -> Optional[int]:
+    """A trial's a2a size: its parameter, or the attribute a layout outside the study's
+    value space carries (``LayoutStudy``)."""
+    a2a = t.params.get("a2a", t.user_attrs.get("a2a"))
+    return None if a2a is None else int(a2a)
 
 
 ORCHESTRATOR = f"{socket.gethostname()}:{os.getpid()}"

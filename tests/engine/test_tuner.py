@@ -24,6 +24,40 @@ def test_study_resumes_from_the_journal_file(tmp_path):
     assert states[n2] == "FAIL" and states[n1] == "RUNNING"
 
 
+def test_a_narrower_later_sweep_of_a_key_reuses_its_study(tmp_path):
+    """The command an unsettled key prints measures only its undecided layouts
+    (search.a2a_sizes=[1,2]) in the folder that holds the whole sweep's study: optuna
+    refuses a categorical parameter whose choices change, and the sweep crashed."""
+    path = str(tmp_path / "optuna.journal")
+    whole = LayoutStudy(open_storage(path), "k", [4, 1, 2], space=[1, 2, 4])
+    n, _, _ = whole.ask(4, "s")
+    whole.tell(n, Status.OK, (1.0, 0.0))
+    narrow = LayoutStudy(open_storage(path), "k", [1, 2], space=[1, 2, 4])
+    n1, _, got = narrow.ask(1, "s")
+    narrow.submitted(n1, "7", "local", "/jobs")
+    assert got == 1
+    again = LayoutStudy(open_storage(path), "k", [], space=[1, 2, 4])  # replays the journal
+    assert [o.a2a for o in again.outstanding(stored_ids=set())] == [1]
+
+
+def test_a_study_begun_with_a_narrower_space_takes_a_layout_outside_it(tmp_path):
+    """A study written before the space was the whole key's (its choices: the kept
+    layouts then): a layout outside them rides as an attribute, read back the same."""
+    path = str(tmp_path / "optuna.journal")
+    old = LayoutStudy(open_storage(path), "k", [1, 2])
+    old.tell(old.ask(1, "s")[0], Status.OK, (2.0, 0.0))
+    wider = LayoutStudy(open_storage(path), "k", [1, 2, 4], space=[1, 2, 4])
+    n, trial_id, got = wider.ask(4, "s")
+    assert got == 4 and trial_id.endswith("-a4")
+    wider.submitted(n, "8", "local", "/jobs")
+    wider.tell(n, Status.OK, (1.0, 0.0))
+    again = LayoutStudy(open_storage(path), "k", [1, 2, 4], space=[1, 2, 4])
+    assert again.pareto_a2a() == {4}
+    n2, _, _ = again.ask(2, "s")
+    again.submitted(n2, "9", "local", "/jobs")
+    assert [o.a2a for o in again.outstanding(stored_ids=set())] == [2]
+
+
 def test_tell_maps_statuses_to_optuna_states(tmp_path):
     study = LayoutStudy(open_storage(str(tmp_path / "j")), "k", [1, 2])
     a, _, _ = study.ask(1, "s")
