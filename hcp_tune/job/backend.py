@@ -74,11 +74,22 @@ def choose_backend(spec: TrialSpec, cuda_index: Optional[int]) -> Backend:
     return Backend("te", device, spec.dtype)
 
 
-def fingerprint(env, device) -> dict:
+def rank_hosts() -> list[str]:
+    """Every rank's host name, in rank order (a collective: every rank calls it)."""
+    import torch.distributed as dist
+
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    return hosts
+
+
+def fingerprint(env, device, hosts: Optional[list[str]] = None) -> dict:
+    """``hosts``: ``rank_hosts()`` when the caller gathered them already (else gathered
+    here). ``rank_nodes`` is each rank's node in order of first appearance (host-name free,
+    ``bridge.placement.rank_nodes``): the placement, which changes what a layout measures."""
     import importlib.metadata as md
 
     import torch
-    import torch.distributed as dist
 
     from hcp_tune.job import knobs
     from hcp_tune.job.attention.te import te_version
@@ -89,10 +100,12 @@ def fingerprint(env, device) -> dict:
         except md.PackageNotFoundError:
             return None
 
-    hosts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, socket.gethostname())
+    from hcp_tune.job.bridge.placement import rank_nodes
+
+    hosts = rank_hosts() if hosts is None else hosts
     fp = {
         "hosts": sorted(set(hosts)),
+        "rank_nodes": rank_nodes(hosts),
         "launcher": env.source,
         "python": platform.python_version(),
         "torch": torch.__version__,

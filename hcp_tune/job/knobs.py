@@ -7,8 +7,9 @@ Standard library only (job side). Two things live here:
   reported rather than pooled: every ``NCCL_*`` (algorithms, protocols, channels, the
   network), ``CUDA_DEVICE_MAX_CONNECTIONS`` (Megatron-Core sets it to 1 for
   communication/compute overlap) and every ``NVTE_*`` switch (``NVTE_FLASH_ATTN``,
-  ``NVTE_FUSED_ATTN``, ``NVTE_FUSED_ATTN_BACKEND``, ...). ``NVTE_DEBUG`` and
-  ``NVTE_DEBUG_LEVEL`` are left out: the job sets them itself to read TE's backend choice.
+  ``NVTE_FUSED_ATTN``, ``NVTE_FUSED_ATTN_BACKEND``, ...). ``NVTE_DEBUG``,
+  ``NVTE_DEBUG_LEVEL`` and NCCL's logging switches are left out: the job sets them itself
+  to read TE's backend choice and NCCL's transports.
 - ``HCP_TUNE_INJECT_DELAY=<level>:<seconds>`` (level ``a2a`` or ``p2p``), a **testing aid**,
   off by default: ``comm_delay(level)`` sleeps that many seconds before each of that
   level's communication steps in the pure-torch reference attention (every all-to-all of
@@ -29,7 +30,10 @@ INJECT_ENV = "HCP_TUNE_INJECT_DELAY"
 LEVELS = ("a2a", "p2p")
 SETTING_PREFIXES = ("NCCL_", "NVTE_")
 SETTING_NAMES = ("CUDA_DEVICE_MAX_CONNECTIONS",)
-OWN_SETTINGS = ("NVTE_DEBUG", "NVTE_DEBUG_LEVEL")  # set by the job to read TE's backend log
+# set by the job to read TE's backend choice and NCCL's transports (logging only: they
+# change no kernel, and a row must not differ from another by them)
+OWN_SETTINGS = ("NVTE_DEBUG", "NVTE_DEBUG_LEVEL", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
+                "NCCL_DEBUG_FILE")
 
 
 def settings(environ: Optional[dict] = None) -> dict[str, str]:

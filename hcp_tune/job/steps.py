@@ -96,7 +96,11 @@ def srun_argv(spec: TrialSpec, spec_file: Path, logs: Path, launch: StepLaunch, 
     """
     argv = ["srun", f"--job-name={step_name(spec)}", f"--nodes={launch.nodes}",
             f"--ntasks={spec.world_size}", f"--ntasks-per-node={launch.tasks_per_node}",
-            f"--output={logs / 'rank%t.log'}"]
+            f"--output={logs / 'rank%t.log'}",
+            # ranks fill one node after another, as the plan's groups assume (a site's
+            # cyclic default would put an a2a group across nodes: bridge/placement.py);
+            # a --distribution in executor.extra_srun comes later and wins
+            "--distribution=block"]
     if launch.gpus_per_node:  # every task sees the node's GPUs; dist.bind_device picks its own
         argv.append(f"--gpus-per-node={launch.gpus_per_node}")
     if launch.container_image:

@@ -40,7 +40,8 @@ def test_srun_argv_runs_the_trial_as_one_job_step(tmp_path):
                         srun_args=("--mpi=pmix",))
     argv = srun_argv(spec, tmp_path / "spec.json", tmp_path, launch, "77")
     assert argv == ["srun", "--job-name=hcp-tune-step-t1", "--nodes=1", "--ntasks=4",
-                    "--ntasks-per-node=4", f"--output={tmp_path}/rank%t.log", "--mpi=pmix",
+                    "--ntasks-per-node=4", f"--output={tmp_path}/rank%t.log",
+                    "--distribution=block", "--mpi=pmix",
                     "/venv/bin/python", "-u", "-m", "hcp_tune.job.steps",
                     str(tmp_path / "spec.json")]
     assert not [a for a in argv if a.startswith("--container")]

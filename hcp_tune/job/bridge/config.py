@@ -33,6 +33,7 @@ from hcp_tune.job.bridge.parity import (  # noqa: F401 (the pin, re-exported)
     BRIDGE_VERSION,
     LLAMA_FUSIONS,
     RECIPE_ENV_VARS,
+    RECIPE_GC,
     RECIPE_NUM_WORKERS,
 )
 
@@ -229,8 +230,8 @@ def dataset_fields(spec) -> dict[str, Any]:
 def model_fields(spec) -> dict[str, Any]:
     """A Llama-shaped GPT with the model spec's dimensions (RMSNorm, SwiGLU, RoPE, no
     biases, untied embeddings), dropout off so steps are comparable, with what a Llama
-    recipe runs: its fusions (``LLAMA_FUSIONS``) and process environment
-    (``RECIPE_ENV_VARS``, as the container's ``env_vars``). ``SCRATCH_NOT_APPLIED`` lists
+    recipe runs: its fusions (``LLAMA_FUSIONS``), its garbage collection (``RECIPE_GC``)
+    and process environment (``RECIPE_ENV_VARS``, as the container's ``env_vars``). ``SCRATCH_NOT_APPLIED`` lists
     what it cannot know."""
     missing = [n for n in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim",
                            "vocab") if not getattr(spec, n)]
@@ -270,6 +271,7 @@ def model_fields(spec) -> dict[str, Any]:
         "scheduler.start_weight_decay": 0.01,
         "scheduler.end_weight_decay": 0.01,
         **LLAMA_FUSIONS,
+        **RECIPE_GC,  # automatic GC off during the timed steps, as the recipes run
         "env_vars": dict(RECIPE_ENV_VARS),
     }
 

@@ -43,9 +43,12 @@ class RankMemory:
     rank: int
     max_reserved: Optional[int] = None  # the caching allocator's peak: what it held from CUDA
     max_allocated: Optional[int] = None  # tensors' peak (below reserved)
-    device_used: Optional[int] = None  # the whole device at train end (NVML or cudaMemGetInfo):
-    # counts the CUDA context, NCCL buffers and other processes' memory too
+    device_used: Optional[int] = None  # the whole device (NVML or cudaMemGetInfo), the largest
+    # per-step sample: counts the CUDA context, NCCL buffers and other processes' memory too
     device_used_source: str = ""
+    # the largest per-step (device used - allocator reserved): what the allocator cannot see
+    outside_allocator: Optional[int] = None
+    alloc_retries: Optional[int] = None  # torch.cuda.memory_stats num_alloc_retries
 
 
 @dataclass
@@ -62,7 +65,14 @@ class BridgeMeasurement:
     notes: list[str] = field(default_factory=list)
 
     def peak_memory(self) -> tuple[Optional[int], str]:
-        """The largest per-rank figure that decides an OOM, and what it is."""
+        """The largest per-rank figure that decides an OOM, and what it is: the allocator's
+        peak plus what it cannot see (``devmem``) where both were read, else the device's
+        used memory, else the allocator's peak."""
+        both = [m.max_reserved + m.outside_allocator for m in self.memory
+                if m.max_reserved is not None and m.outside_allocator is not None]
+        if both:
+            return max(both), ("torch max_memory_reserved + memory outside the allocator "
+                               "(device used - reserved, sampled every step), max over ranks")
         used = [m.device_used for m in self.memory if m.device_used]
         if used:
             src = next(m.device_used_source for m in self.memory if m.device_used)
@@ -94,19 +104,21 @@ class StepRecorder:
     ``memory()`` returns this rank's ``RankMemory``; ``gather(obj)`` returns every rank's
     object (``torch.distributed.all_gather_object``: Bridge still holds its process group
     at ``on_train_end``, and destroys it after ``pretrain`` when it created it);
-    ``on_measured_step(i, t)`` is told each measured step (progress for early stopping).
+    ``on_measured_step(i, t)`` is told each measured step (progress for early stopping);
+    ``sample()`` runs after every step's closing sync (``devmem.MemorySampler.sample``).
     """
 
     def __init__(self, *, warmup_steps: int, sync: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.perf_counter,
                  memory: Optional[Callable[[], RankMemory]] = None,
                  gather: Optional[Callable[[Any], list]] = None,
-                 on_measured_step: Optional[Callable[[int, float], None]] = None) -> None:
+                 on_measured_step: Optional[Callable[[int, float], None]] = None,
+                 sample: Callable[[], None] = lambda: None) -> None:
         if warmup_steps < 0:
             raise ValueError(f"StepRecorder: warmup_steps must be >= 0, got {warmup_steps=}")
         self.warmup_steps = warmup_steps
         self.sync, self.clock, self.memory, self.gather = sync, clock, memory, gather
-        self.on_measured_step = on_measured_step
+        self.on_measured_step, self.sample = on_measured_step, sample
         self.steps: list[StepRecord] = []
         self.flops_start: Optional[float] = None
         self.flops_end: Optional[float] = None
@@ -131,6 +143,7 @@ class StepRecorder:
         if self._t0 is None:
             return
         dt, self._t0 = self.clock() - self._t0, None
+        self.sample()  # after the clock: sampling is not the step's time
         ts = getattr(getattr(context, "state", None), "train_state", None)
         step = getattr(ts, "step", len(self.steps))
         self.steps.append(StepRecord(step=int(step), time_s=dt,
@@ -161,6 +174,10 @@ class StepRecorder:
             ratio = bridge_count / flops_per_step_ported
             m.notes.append(f"FLOPs per step: Bridge counted {bridge_count:.4g}, the port "
                            f"{flops_per_step_ported:.4g} (ratio {ratio:.3f})")
+        retries = sum(r.alloc_retries or 0 for r in m.memory)
+        if retries:
+            m.notes.append(f"the CUDA allocator retried {retries} time(s) after a failed cudaMalloc "
+                           "(cache flushed): near OOM, and the flushes are in the step times")
         if m.step_times_s and m.flops_per_step and world_size:
             median = statistics.median(m.step_times_s)
             m.tflops_per_gpu = m.flops_per_step / median / world_size / 1e12

@@ -1,8 +1,7 @@
 """What Bridge's recipes run that a config built from scratch would not: their process
-environment, their fusions, their data-loader workers (the values, pinned to Megatron-Bridge
-v0.6.0), what this trial applied of them (``recipe_parity``, recorded in its fingerprint)
-and the environment exported before the device binding (``export_env``). Standard library
-only: ``config.bridge_fields`` reads the values as data.
+environment, their fusions, their garbage collection, their data-loader workers (the values, pinned to Megatron-Bridge
+v0.6.0), and what this trial applied of them (``recipe_parity``, recorded in its fingerprint;
+``prestart`` exports the environment before CUDA starts). Standard library only: ``config.bridge_fields`` reads the values as data.
 """
 from __future__ import annotations
 
@@ -37,6 +36,12 @@ LLAMA_FUSIONS: dict[str, Any] = {
     "model.cross_entropy_fusion_impl": "te",
 }
 RECIPE_NUM_WORKERS = 8
+# the Llama recipes' garbage collection (recipes/llama/h100/llama3.py, every config:
+# ``cfg.train.manual_gc = True``, ``manual_gc_interval = 100``): Bridge's train loop then
+# calls ``gc.disable()`` before the first step and collects only every 100th iteration
+# (training/train.py, ``maybe_run_manual_gc``), so no collection lands inside a short
+# trial's timed steps; with Python's automatic GC one may, on one rank, and stall the rest
+RECIPE_GC: dict[str, Any] = {"train.manual_gc": True, "train.manual_gc_interval": 100}
 # what a Llama recipe takes from the model's Hugging Face config and scratch mode cannot
 # know from a model profile (dimensions only); none of it changes a step's work
 SCRATCH_NOT_APPLIED = (
@@ -55,24 +60,11 @@ def recipe_parity(fields: dict[str, Any]) -> dict[str, Any]:
     env = fields.get("env_vars") or {}
     not_applied = [f"env_vars.{k}" for k, v in RECIPE_ENV_VARS.items() if env.get(k) != v]
     not_applied += [k for k, v in LLAMA_FUSIONS.items() if fields.get(k) != v]
+    not_applied += [k for k, v in RECIPE_GC.items() if fields.get(k) != v]
     if fields.get("dataset.num_workers") != RECIPE_NUM_WORKERS:
         not_applied.append("dataset.num_workers")
     return {"mode": "scratch", "source": f"Megatron-Bridge {BRIDGE_VERSION} Llama recipes",
             "env_vars": {k: env[k] for k in RECIPE_ENV_VARS if k in env},
             "fusions": sorted(k for k in LLAMA_FUSIONS if fields.get(k) == LLAMA_FUSIONS[k]),
+            "gc": {k: fields.get(k) for k in RECIPE_GC},
             "not_applied": not_applied + list(SCRATCH_NOT_APPLIED)}
-
-
-def export_env(fields: dict[str, Any], environ: Any = None) -> list[str]:
-    """Set the trial's ``env_vars`` in this process as Bridge does (``setdefault``: what the
-    launcher or user set wins), but before the device binding: the allocator and NCCL read
-    them once, and Bridge applies them only inside ``pretrain``. Returns the names set."""
-    import os
-
-    environ = os.environ if environ is None else environ
-    done = []
-    for name, value in (fields.get("env_vars") or {}).items():
-        if name not in environ:
-            environ[name] = str(value)
-            done.append(name)
-    return done

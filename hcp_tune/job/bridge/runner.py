@@ -14,8 +14,10 @@ planned CP groups (``guard``/``verify``), ``control.StopCheck`` ends the loop cl
 stop file or the time limit, the recorder times each step (``measure``); TE's backend
 choice is read from its log -> TFLOP/s against the profile's peak. Without Bridge's
 callbacks (Bridge < 0.4) it trains without them and parses Bridge's log lines instead, and
-says that CP could not be proven. Before the binding, the trial's ``env_vars`` (scratch
-mode: the Llama recipes', ``parity``) are exported.
+says that CP could not be proven. Before the binding, before anything starts CUDA, the
+environment the recipes run with and ``CUDA_DEVICE_MAX_CONNECTIONS`` are exported
+(``prestart``); at train start the rank placement is checked (``placement``); memory is
+sampled at every step (``devmem``).
 
 One trial per process: ``pretrain`` sets up Megatron's global state (process groups when
 it created them, the micro-batch calculator, global timers, ``parallel_state``) for one
@@ -89,30 +91,17 @@ def device_fields(local_rank: int, cuda_index: Optional[int]) -> dict[str, Any]:
         "node's GPUs or exactly one (srun --gpus-per-task=1)")
 
 
+def _nccl_log_path(spec: TrialSpec, env) -> Path:
+    """Where NCCL writes this rank's channel set-up: beside the rank's log, else in /tmp."""
+    import tempfile
+
+    mine = os.environ.get("HCP_TUNE_LOG")
+    folder = Path(mine).parent if mine else Path(tempfile.gettempdir())
+    return folder / f"nccl-{spec.trial_id}.rank{env.rank}.log"
+
+
 def _export_launcher_env(env) -> None:
     os.environ.update(launcher_env(env))
-
-
-def read_memory(rank: int, device) -> Any:
-    """This rank's memory: on CUDA the allocator's peaks and the whole device's use; on CPU
-    (the test double's runs) the process's peak resident set size, as ``device_used``."""
-    import torch
-
-    from hcp_tune.job.bridge.measure import RankMemory
-
-    if device is None or device.type != "cuda":
-        import resource
-
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-        return RankMemory(rank=rank, device_used=int(rss), device_used_source="ru_maxrss")
-    m = RankMemory(rank=rank, max_reserved=int(torch.cuda.max_memory_reserved(device)),
-                   max_allocated=int(torch.cuda.max_memory_allocated(device)))
-    try:  # NVML through torch (torch >= 2.6): counts the context and NCCL's buffers too
-        m.device_used, m.device_used_source = int(torch.cuda.device_memory_used(device)), "nvml"
-    except Exception:  # no pynvml, an NVML error, an older torch: the driver's figure instead
-        free, total = torch.cuda.mem_get_info(device)
-        m.device_used, m.device_used_source = int(total - free), "cudaMemGetInfo"
-    return m
 
 
 def _gather(obj: Any) -> list:
@@ -157,15 +146,24 @@ def last_rank_log(world_size: int) -> Optional[Path]:
 
 class _Fingerprint:
     """Bridge callback: the environment fingerprint, taken at train start while Bridge's
-    process group exists (``job.backend.fingerprint`` gathers every rank's host name)."""
+    process group exists, with every rank's host (``job.backend``); then the placement
+    check (``placement.check``): a planned intra-node a2a group on several hosts fails the
+    trial on every rank alike, before a step is timed."""
 
-    def __init__(self, res: TrialResult, env, device) -> None:
+    def __init__(self, res: TrialResult, env, device, expected_groups: dict) -> None:
         self.res, self.env, self.device = res, env, device
+        self.expected_groups = expected_groups
 
     def on_train_start(self, context: Any) -> None:
-        from hcp_tune.job.backend import fingerprint
+        from hcp_tune.job.backend import fingerprint, rank_hosts
+        from hcp_tune.job.bridge import placement
 
-        self.res.fingerprint = fingerprint(self.env, self.device)
+        hosts = rank_hosts()
+        self.res.fingerprint = fingerprint(self.env, self.device, hosts=hosts)
+        self.res.verification["placement"] = {
+            "rank_hosts": hosts, "block": placement.is_block(hosts),
+            "problems": placement.placement_problems(self.expected_groups, hosts)}
+        placement.check(self.expected_groups, hosts)
 
 
 @dataclass
@@ -181,6 +179,8 @@ class BridgeStack:
     build_container: Callable[[dict], Any]
     needs_cuda: bool = True
     is_attention: Optional[Callable[[Any], bool]] = None
+    # the GPU's compute capability, read without starting CUDA (prestart.gpu_capability)
+    capability: Optional[Callable[[], Optional[tuple[int, int]]]] = None
 
 
 def real_stack(spec: TrialSpec) -> BridgeStack:
@@ -252,7 +252,9 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
 
     from hcp_tune.job.attention.te import BackendLog
     from hcp_tune.job.bridge.config import bridge_fields, summary
-    from hcp_tune.job.bridge.parity import export_env, recipe_parity
+    from hcp_tune.job.bridge import placement, prestart
+    from hcp_tune.job.bridge.devmem import MemorySampler
+    from hcp_tune.job.bridge.parity import recipe_parity
     from hcp_tune.job.bridge.control import TIME_LIMIT, StopCheck
     from hcp_tune.job.bridge.guard import HCPGuard
     from hcp_tune.job.bridge.measure import StepRecorder, parse_log
@@ -267,7 +269,15 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
                                  f"needs tp*cp*dp*pp = {spec.tp}*{spec.cp}*{spec.dp}*{spec.pp} = "
                                  f"{spec.world_size}")
     fields = bridge_fields(spec)  # a bad override fails here, before any device work
-    export_env(fields)  # the recipes' NCCL and allocator settings, before CUDA starts
+    # the recipes' NCCL and allocator settings and CUDA_DEVICE_MAX_CONNECTIONS, before CUDA
+    # starts (prestart); NCCL's channel log for the transports (placement)
+    capability = (stack.capability if stack and stack.capability else prestart.gpu_capability)()
+    wanted = prestart.prestart_env(spec, fields, capability)
+    exported = prestart.export(wanted)
+    nccl_log = _nccl_log_path(spec, env)
+    prestart.export(placement.nccl_log_env(nccl_log, os.environ))
+    res.verification["prestart_env"] = {"wanted": wanted, "exported": exported,
+                                        "capability": list(capability) if capability else None}
     # the GPU binding first: importing Bridge imports TE, and anything CUDA before the
     # binding would land on GPU 0
     cuda_index, device = _bind(env, needs_cuda=stack is None or stack.needs_cuda)
@@ -284,6 +294,7 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
         from hcp_tune.job.bridge.offline import last_sources
 
         res.notes += [f"recipe model config: {line}" for line in last_sources()]
+        res.notes += prestart.recipe_env_notes(getattr(cfg, "env_vars", None), exported)
 
     with_callbacks = "callbacks" in inspect.signature(stack.pretrain).parameters
     collect_fn = None
@@ -295,10 +306,11 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
                      layout=(spec.comm_type, spec.a2a, spec.p2p),
                      log=lambda line: print(line, flush=True), collect_fn=collect_fn)
     cuda = device.type == "cuda"
+    sampler = MemorySampler(env.rank, device)
     recorder = StepRecorder(
         warmup_steps=spec.warmup_steps,
         sync=(lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None),
-        memory=lambda: read_memory(env.rank, device), gather=_gather,
+        memory=sampler.read, gather=_gather, sample=sampler.sample,
         on_measured_step=(lambda i, t: record_step(spec, i, t)) if env.rank == 0 else None)
     stop = StopCheck(stop_path=spec.stop_path, time_limit_s=spec.time_limit_s, t0=t0)
     # TE's backend choice is logged while the model is built and at the first step; the
@@ -307,7 +319,7 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
     try:
         if with_callbacks:
             stack.pretrain(cfg, stack.forward_step, callbacks=[
-                _Fingerprint(res, env, device), guard, stop, recorder])
+                _Fingerprint(res, env, device, spec.expected_groups), guard, stop, recorder])
         else:
             stack.pretrain(cfg, stack.forward_step)
     finally:
@@ -315,6 +327,8 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
         res.verification["cp_active"] = guard.report or {"checked": False}
         res.fingerprint["bridge_recipe_parity"] = parity
     res.te_backend = te_log.last
+    if res.fingerprint:  # NCCL's transports of this rank's channels (its own log, if written)
+        res.fingerprint["nccl_transport"] = placement.read_transports(nccl_log)
     import resource  # this rank's host peak (the loader's pinned batches live here)
 
     res.verification["host_peak_rss_bytes"] = resource.getrusage(

@@ -339,26 +339,21 @@ def test_scratch_mode_runs_with_the_llama_recipes_environment_and_fusions():
     assert f["env_vars"] == RECIPE_ENV_VARS and f["env_vars"]["NCCL_NVLS_ENABLE"] == 0
     assert f["env_vars"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert all(f[k] == v for k, v in LLAMA_FUSIONS.items()) and f["dataset.num_workers"] == 8
+    # issue 38: automatic GC off during the timed steps, as the recipes run
+    assert f["train.manual_gc"] is True and f["train.manual_gc_interval"] == 100
     parity = recipe_parity(f)
+    assert parity["gc"] == {"train.manual_gc": True, "train.manual_gc_interval": 100}
     assert parity["mode"] == "scratch" and parity["env_vars"] == RECIPE_ENV_VARS
     assert [x.split(" ")[0] for x in parity["not_applied"]] == ["model.rotary_base",
                                                                 "model.rope_scaling"]
     # an override that turns one off is reported as not applied
     off = recipe_parity(bc.bridge_fields(spec(bridge_overrides=["model.apply_rope_fusion=false"])))
     assert "model.apply_rope_fusion" in off["not_applied"]
+    gc_on = recipe_parity(bc.bridge_fields(spec(bridge_overrides=["train.manual_gc=false"])))
+    assert "train.manual_gc" in gc_on["not_applied"] and gc_on["gc"]["train.manual_gc"] is False
     # recipe mode keeps the recipe's own
     f = bc.bridge_fields(spec(bridge_recipe="llama3_8b_pretrain_config"))
     assert "env_vars" not in f and recipe_parity(f)["mode"] == "recipe"
-
-
-def test_the_recipe_environment_is_exported_before_cuda_and_the_users_value_wins():
-    from hcp_tune.job.bridge.parity import export_env
-
-    env = {"NCCL_NVLS_ENABLE": "1"}
-    done = export_env(bc.bridge_fields(spec()), env)
-    assert env["NCCL_NVLS_ENABLE"] == "1" and "NCCL_NVLS_ENABLE" not in done  # the user's
-    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert env["TORCH_NCCL_HIGH_PRIORITY"] == "1"
 
 
 def test_the_scratch_container_gets_the_env_vars_and_fusions(monkeypatch):

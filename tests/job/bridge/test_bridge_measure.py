@@ -91,6 +91,26 @@ def test_recorder_gathers_every_ranks_memory_and_ranks_them():
     assert m.peak_memory()[0] == 9 * 2**30 and "nvml" in m.peak_memory()[1]
 
 
+def test_the_peak_adds_what_the_allocator_cannot_see_and_retries_are_a_note():
+    """issue 38: NVML's used memory read once at train end is not the peak; the allocator's
+    peak plus the largest per-step (used - reserved) is, and retries mean near-OOM."""
+    mems = [RankMemory(rank=0, max_reserved=5 * 2**30, outside_allocator=2**30, alloc_retries=0,
+                       device_used=4 * 2**30),
+            RankMemory(rank=1, max_reserved=7 * 2**30, outside_allocator=2**29, alloc_retries=3)]
+    samples = []
+    rec = StepRecorder(warmup_steps=0, memory=lambda: mems[0], gather=lambda mine: mems,
+                       sample=lambda: samples.append(len(rec.steps)))
+    rec.on_train_step_start(context(0))
+    rec.on_train_step_end(context(0))
+    assert samples == [0]  # once per step, after its time was taken (outside it)
+    rec.on_train_end(context(1))
+    m = rec.result(world_size=2, flops_per_step_ported=None)
+    peak, note = m.peak_memory()
+    assert peak == 7 * 2**30 + 2**29 and note.startswith("torch max_memory_reserved + memory "
+                                                         "outside the allocator")
+    assert any(n.startswith("the CUDA allocator retried 3 time(s)") for n in m.notes)
+
+
 @pytest.mark.parametrize("value,expected", [
     (torch.tensor(2.5), 2.5), (torch.tensor([6.0, 3.0]), 2.0), ((6.0, 3.0), 2.0), (1.25, 1.25),
 ])
