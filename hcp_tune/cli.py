@@ -174,7 +174,7 @@ def cmd_sweep(args: list[str]) -> int:
 
     cfg = config.load(args)
     runner, reason = predict.resolve_runner(cfg.runner.name)
-    if runner != "model":
+    if runner not in ("model", "synthetic"):  # synthetic trials run here: no SLURM to ask
         runner, reason = _slurm_here(cfg, runner, reason)
     if runner != "model":  # it will write there: say so now, not after a job ran
         from hcp_tune.engine import rdb

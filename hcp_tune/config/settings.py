@@ -30,7 +30,7 @@ MBS_MAX = 1024
 ENV_TAG_RE = re.compile(r"[A-Za-z0-9._-]+")  # a new env_tag; stored ones are read as they are
 WORLD_MAX = 16384  # tp*cp*dp*pp GPUs planned (plan lists every rank group: stays ~1 s)
 
-Runner = Literal["auto", "attention", "model", "bridge", "attention+bridge"]
+Runner = Literal["auto", "attention", "model", "bridge", "attention+bridge", "synthetic"]
 RUNNERS: tuple[str, ...] = typing.get_args(Runner)
 ExecutorName = Literal["slurm", "local", "auto"]
 BatchMode = Literal["processes", "steps", "auto"]
@@ -95,7 +95,7 @@ class TopLevel:
 class RunnerConfig:
     """``runner=``: what a trial measures, and how long."""
 
-    name: Runner = _f("auto | attention | model | bridge | attention+bridge")
+    name: Runner = _f("auto | attention | model | bridge | attention+bridge | synthetic")
     backend: Literal["auto", "te", "torch"] = _f("attention backend on the job side")
     qkv_format: Literal["sbhd", "bshd"] = _f("TE's q/k/v layout (sbhd: what Megatron-Core trains with)")
     warmup_steps: int = _f("discarded steps before timing", min=0, max=1000)
@@ -106,6 +106,9 @@ class RunnerConfig:
     overrides: list[str] = _f("runner=bridge: Bridge KEY=VALUE overrides, applied last")
     top_k: int = _f("runner=attention+bridge: the attention stage's best layouts Bridge "
                     "measures", max=64)
+    truth: Optional[str] = _f("runner=synthetic: the truth file (JSON or YAML) its trials "
+                              "are drawn from (hcp_tune/engine/synthetic.py)")
+    seed: int = _f("runner=synthetic: the seed of every draw", min=0, max=2 ** 31)
 
     def __post_init__(self) -> None:
         from hcp_tune.job.bridge.config import BridgeConfigError, parse_overrides

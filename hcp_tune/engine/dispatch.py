@@ -256,6 +256,8 @@ def submit_array(executor: Any, fn: Callable[..., Any], args_list: Sequence[Sequ
 
 def attach(folder: str | Path, job_id: str, executor_name: str) -> JobHandle:
     """A handle on a job submitted earlier (by another process), from its saved id."""
+    if executor_name == "inprocess":  # a synthetic batch died with the sweep that ran it
+        return JobHandle(job_id=job_id, executor="inprocess", folder=Path(folder), job=None)
     name = resolve_executor_name(executor_name)
     cls = submitit.LocalJob if name == "local" else submitit.SlurmJob
     return _handle(cls(folder=Path(folder), job_id=str(job_id)), name, Path(folder))
@@ -263,6 +265,8 @@ def attach(folder: str | Path, job_id: str, executor_name: str) -> JobHandle:
 
 def job_paths(handle: JobHandle) -> tuple[Path, Path]:
     """(stdout, stderr) of task 0: where a failed trial's row points."""
+    if handle.executor == "inprocess":  # runner=synthetic writes no log
+        return handle.folder / f"{handle.job_id}.out", handle.folder / f"{handle.job_id}.err"
     paths = JobPaths(handle.folder, job_id=handle.job_id, task_id=0)
     return paths.stdout, paths.stderr
 
@@ -275,6 +279,10 @@ def cancel(handles: Sequence[JobHandle]) -> None:
     """Cancel jobs; never raises for a job that already ended."""
     slurm_ids = [h.job_id for h in handles if h.executor == "slurm"]
     for h in handles:
+        if h.executor == "inprocess":
+            if h.job is not None:
+                h.job.cancelled = True
+            continue
         marker = _cancel_marker(h)
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()  # lets a re-attached handle tell "cancelled" from "died"
@@ -363,6 +371,9 @@ def _outcome_from_files(handle: JobHandle) -> Optional[JobOutcome]:
 
 def poll_all(handles: Sequence[JobHandle]) -> list[JobOutcome]:
     """Outcomes of several jobs with one scheduler query."""
+    if any(h.executor == "inprocess" for h in handles):
+        return [_inprocess(h) if h.executor == "inprocess" else poll_all([h])[0]
+                for h in handles]
     found = [_outcome_from_files(h) for h in handles]
     open_slurm = [h.job_id for h, o in zip(handles, found) if o is None and h.executor == "slurm"]
     sched = _scheduler_states(open_slurm) if open_slurm else {}
@@ -399,6 +410,17 @@ def poll_all(handles: Sequence[JobHandle]) -> list[JobOutcome]:
                     JobOutcome(state=JobState.FAILED, error=msg, scheduler_state=state, stdout=out, stderr=err)
                 )
     return outcomes
+
+
+def _inprocess(handle: JobHandle) -> JobOutcome:
+    """runner=synthetic's batch (``synthetic.Job``): one step further per poll; a handle
+    re-attached after the sweep that ran it ended is cancelled (the next run redraws it)."""
+    job = handle.job
+    if job is None or job.cancelled:
+        return JobOutcome(state=JobState.CANCELLED, scheduler_state="CANCELLED")
+    job.step()
+    return JobOutcome(state=JobState.DONE if job.finished else JobState.RUNNING,
+                      result=None)
 
 
 def poll(handle: JobHandle) -> JobOutcome:

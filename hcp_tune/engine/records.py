@@ -271,9 +271,11 @@ class Verification:
     Attention runner: its groups matched the plan and its output and gradients matched
     single-process attention (hcp-facts.md section 4). Bridge runner: every TE attention
     module held the planned groups at train start (job/bridge_verify.py: ``cp_active``).
+    runner=synthetic: nothing ran, so nothing needs proving (its key is runner=synthetic
+    and never mixes with measured keys); the evidence names the truth file and seed.
     """
 
-    kind: str  # "attention" or "bridge"
+    kind: str  # "attention", "bridge" or "synthetic"
     groups_match: bool = False
     numerics_passed: bool = False
     cp_active_checked: bool = False
@@ -282,15 +284,19 @@ class Verification:
 
     @property
     def verified(self) -> bool:
+        if self.kind == "synthetic":
+            return True
         if self.kind == "bridge":
             return self.cp_active_checked and not self.cp_active_problems
         return self.groups_match and self.numerics_passed
 
     def to_dict(self) -> dict[str, Any]:
         """The evidence's shape, reduced to what the verdict reads."""
-        if self.kind == "bridge":
-            body: dict[str, Any] = {"cp_active": {"checked": self.cp_active_checked,
-                                                  "problems": list(self.cp_active_problems)}}
+        if self.kind == "synthetic":
+            body: dict[str, Any] = {"synthetic": True}
+        elif self.kind == "bridge":
+            body = {"cp_active": {"checked": self.cp_active_checked,
+                                  "problems": list(self.cp_active_problems)}}
         else:
             body = {"groups": {"match": self.groups_match},
                     "numerics": {"passed": self.numerics_passed}}
@@ -299,6 +305,8 @@ class Verification:
     @classmethod
     def from_dict(cls, evidence: dict[str, Any], where: str = "") -> "Verification":
         _check_version(evidence, VERIFICATION_SCHEMA, "verification", where)
+        if "synthetic" in evidence:
+            return cls(kind="synthetic")
         if "cp_active" in evidence:
             cp = evidence["cp_active"] or {}
             problems = cp.get("problems") or ()

@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.config import SweepConfig
-from hcp_tune.engine import budget, dispatch, housekeeping, sweep_adaptive, sweep_plan, verdict
+from hcp_tune.engine import (
+    budget,
+    dispatch,
+    housekeeping,
+    sweep_adaptive,
+    sweep_plan,
+    synthetic,
+    verdict,
+)
 from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
 from hcp_tune.engine.sweep_collect import Collector
 from hcp_tune.engine.sweep_jobs import (  # noqa: F401  (re-exported: sweep's old names)
@@ -54,15 +62,18 @@ class Sweeper(Collector):
                  only: Optional[dict[tuple[int, int], set[int]]] = None) -> None:
 
         runner = cfg.runner.name
-        if runner not in ("attention", "bridge"):
+        if runner not in ("attention", "bridge", "synthetic"):
             raise ValueError(f"Sweeper measures: runner={runner!r} must be resolved first "
                              "(predict.resolve_runner)")
+        # runner=synthetic: trials drawn from a truth file, run in this process (no jobs)
+        self.truth = synthetic.truth_for(cfg) if runner == "synthetic" else None
         self.cfg = cfg
         self.reporter = reporter
         self.store = ResultStore(cfg.results_dir)
         self.exec_cfg = dataclasses.replace(
             cfg.executor, folder=cfg.executor.folder or str(cfg.results_dir / "jobs"))
-        self.executor_name = dispatch.resolve_executor_name(self.exec_cfg.name)
+        self.executor_name = ("inprocess" if self.truth is not None
+                              else dispatch.resolve_executor_name(self.exec_cfg.name))
         # executor.batch: a batch's trials in one process set, or each as its own step
         self.steps = runs_as_steps(cfg)
         self.progress_dir = cfg.results_dir / "progress"
@@ -119,6 +130,8 @@ class Sweeper(Collector):
             study.abandon_unsubmitted()
             self.studies[key] = study
             outstanding[key] = study.outstanding(stored_ids)
+        if self.truth is not None:
+            synthetic.check_kept(self.truth, kept_keys)
         plan = plan_sweep(self.cfg, rows, outstanding, params=predict.params_for(self.cfg),
                           only=self.only)
         self._apply(plan)
@@ -178,7 +191,10 @@ class Sweeper(Collector):
             return
         rows = self.usable.setdefault(key.name, [])
         rows.append(row)
-        self.best[key.name] = verdict.figures(rows, intervals=False)[0].row
+        # with intervals once a layout has 2 trials: the best's trial-to-trial spread is
+        # part of the early-stop margin (trials.should_prune)
+        best = verdict.figures(rows, intervals=len(rows) > len({r["a2a"] for r in rows}))[0]
+        self.best[key.name] = {**best.row, "between_sd": best.sd_log or 0.0}
 
     def prunable(self, member: Member) -> bool:
         """Early stopping never stops a trial of the best layout: its slower repeats would
@@ -325,6 +341,19 @@ class Sweeper(Collector):
         if not batches:
             return
         specs = [[p for m in b for p in m.points] for b in batches]  # every run, in order
+        if self.truth is not None:
+            handles = [synthetic.submit(self.truth, self.cfg, b, self.exec_cfg.folder)
+                       for b in batches]
+        else:
+            handles = self._submit(batches, specs)
+        for members, handle in zip(batches, handles):
+            # tracked first: a Ctrl-C between here and the ledger write still cancels the job
+            self.running.append(Running(members, handle))
+            for m in members:
+                m.study.submitted(m.number, handle.job_id, handle.executor, str(handle.folder))
+                self.reporter.trial(m.spec, "submitted", f"job {handle.job_id}")
+
+    def _submit(self, batches: list[list[Member]], specs: list[list[TrialSpec]]) -> list:
         same_shape = len({(b[0].world_size, len(b)) for b in specs}) == 1
         if len(batches) > 1 and same_shape:
             ex = self._executor(specs[0][0], len(specs[0]))
@@ -335,12 +364,7 @@ class Sweeper(Collector):
             for b in specs:
                 fn, *args = self._args(b)
                 handles.append(dispatch.submit(self._executor(b[0], len(b)), fn, *args))
-        for members, handle in zip(batches, handles):
-            # tracked first: a Ctrl-C between here and the ledger write still cancels the job
-            self.running.append(Running(members, handle))
-            for m in members:
-                m.study.submitted(m.number, handle.job_id, handle.executor, str(handle.folder))
-                self.reporter.trial(m.spec, "submitted", f"job {handle.job_id}")
+        return handles
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> SweepSummary:
@@ -356,7 +380,7 @@ class Sweeper(Collector):
                 while self.queue or self.running:
                     self.fill()
                     self.poll()
-                    if self.running:
+                    if self.running and self.truth is None:  # synthetic: a step per poll
                         time.sleep(POLL_INTERVAL_S)  # orchestrator's polling cadence
             except KeyboardInterrupt:
                 self.cancel_all()

@@ -205,3 +205,113 @@ def draw_steps(truth: Truth, a2a: int, *, seed: int, key: str, number: int,
     level = math.log(lay.median_s) + shift + per[a2a] + drift + noise_draw(lay.noise, rng)
     return [math.exp(level + lay.noise.step_cv * float(z))
             for z in rng.standard_normal(max(1, steps))]
+
+
+class Job:
+    """A synthetic batch, run in this process one step per poll so that the sweep's own
+    early stopping (``sweep_collect``) sees its steps as it would a real job's: each step is
+    appended to the trial's progress file, a stop file ends the trial ``pruned`` as the job
+    side does (``job.progress``), and each trial's result is written atomically to its
+    result file, where the collector reads it."""
+
+    def __init__(self, specs: list[Any], truth: Truth, seed: int, keys: list[str],
+                 numbers: list[int], positions: list[float]) -> None:
+        self.specs, self.truth, self.seed = specs, truth, seed
+        self.keys, self.numbers, self.positions = keys, numbers, positions
+        self.index = 0  # the trial running now
+        self.done_steps: list[float] = []
+        self.drawn: Optional[list[float]] = None
+        self.cancelled = False
+
+    @property
+    def finished(self) -> bool:
+        return self.cancelled or self.index >= len(self.specs)
+
+    def step(self) -> None:
+        """One measured step of the running trial (or its end)."""
+        from hcp_tune.spec import Status, atomic_write_text, to_json
+
+        if self.finished:
+            return
+        spec = self.specs[self.index]
+        if self.drawn is None:
+            i = self.index
+            self.drawn = draw_steps(self.truth, spec.a2a, seed=self.seed, key=self.keys[i],
+                                    number=self.numbers[i], position=self.positions[i],
+                                    steps=spec.measure_steps)
+        stop = Path(spec.stop_path) if spec.stop_path else None
+        if stop is not None and stop.exists():
+            result = _result(spec, self, Status.PRUNED, stop.read_text().strip()
+                             or "stopped by the orchestrator")
+        else:
+            t = self.drawn[len(self.done_steps)]
+            self.done_steps.append(t)
+            if spec.progress_path:
+                Path(spec.progress_path).parent.mkdir(parents=True, exist_ok=True)
+                with open(spec.progress_path, "a") as f:
+                    f.write(json.dumps({"step": len(self.done_steps) - 1, "time_s": t}) + "\n")
+            if len(self.done_steps) < len(self.drawn):
+                return
+            result = _result(spec, self, Status.OK, None)
+        Path(spec.result_path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(spec.result_path, to_json(result))
+        self.index += 1
+        self.done_steps, self.drawn = [], None
+
+
+def _result(spec: Any, job: Job, status: Any, error: Optional[str]) -> Any:
+    import statistics
+
+    from hcp_tune.spec import TrialResult
+
+    steps = list(job.done_steps)
+    res = TrialResult(trial_id=spec.trial_id, status=status, error=error, step_times_s=steps,
+                      world_size=spec.world_size, backend="synthetic")
+    if steps:
+        s = sorted(steps)
+        res.median_s = statistics.median(s)
+        res.p10_s = s[int(0.1 * (len(s) - 1))]
+        res.p90_s = s[int(round(0.9 * (len(s) - 1)))]
+    mem = job.truth.layouts[spec.a2a].peak_mem_gib
+    res.peak_mem_bytes = None if mem is None else int(mem * 2 ** 30)
+    res.verification = {"synthetic": {"truth": job.truth.source, "seed": job.seed}}
+    res.fingerprint = {"runner": "synthetic", "truth": job.truth.source, "seed": job.seed}
+    return res
+
+
+_SUBMITTED = [0]  # in-process jobs submitted by this process (their ids)
+
+
+def truth_for(cfg: Any) -> Truth:
+    """The sweep's truth (``runner.truth``), read and checked before anything is written."""
+    if not cfg.runner.truth:
+        raise InputFileError("runner=synthetic needs runner.truth=FILE: the layouts' true step "
+                             "times and noise (docs/guides/ranking.md shows one)")
+    return load_truth(cfg.runner.truth)
+
+
+def check_kept(truth: Truth, kept_keys: dict[Any, list[Any]]) -> None:
+    """Every layout the plan keeps must be in the truth: one line naming those missing."""
+    for key, kept in kept_keys.items():
+        missing = truth.missing([c.layout.a2a for c in kept])
+        if missing:
+            listed = ", ".join(str(a) for a in sorted(truth.layouts))
+            raise InputFileError(
+                f"runner.truth={truth.source}: no layout for a2a size(s) "
+                f"{', '.join(map(str, missing))} of cp={key.cp} (it lists {listed}); every "
+                "layout the plan keeps needs an entry under 'layouts'")
+
+
+def submit(truth: Truth, cfg: Any, members: list[Any], folder: Any) -> Any:
+    """An in-process job for one batch (``dispatch.JobHandle`` with executor ``inprocess``)."""
+    import os
+
+    from hcp_tune.engine.dispatch import JobHandle
+
+    most = max(1, max(len(m.kept) for m in members) * cfg.search.repeats - 1)
+    job = Job([m.spec for m in members], truth, cfg.runner.seed,
+              [m.key.name for m in members], [m.number for m in members],
+              [m.number / most for m in members])
+    _SUBMITTED[0] += 1
+    return JobHandle(job_id=f"synthetic-{os.getpid()}-{_SUBMITTED[0]}", executor="inprocess",
+                     folder=Path(folder), job=job)
