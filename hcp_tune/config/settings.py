@@ -151,6 +151,10 @@ class SearchConfig:
         max=CP_MAX)
     retry: Union[str, list[str]] = field(default="none", metadata={
         "doc": "stored failures to measure again", "choices": RETRY_CHOICES})
+    allow_predicted_oom: bool = _f(
+        "runner=bridge: queue a key even when every layout of it is predicted not to fit the "
+        "GPU memory (false: such a key is refused with the change that would fit; each of its "
+        "trials would run its whole start-up, then fail as oom)")
     purpose: Literal["tune", "regress"] = field(default="tune", metadata={
         "doc": "tune: find the fastest layout | regress: measurements for `regress` (never "
                "early-stops, never adaptive: a pruned trial is not a measurement, and every "

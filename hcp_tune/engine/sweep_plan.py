@@ -6,12 +6,13 @@ kept layouts, the queue of planned trials in order (by prediction, repeats, resu
 ``search.retry``), the layouts stored as skipped, the trials to re-attach, the counts the
 summary reports, the notes, the fit advice and the cost estimate. Pure: no I/O, no
 printing, no optuna; the cost model predicts each layout once and that one pass serves the
-order, the skips, the costs and the fit advice. ``sweep.Sweeper`` gathers the inputs,
+order, the skips, the costs and the fit advice (runner=bridge: a key whose every layout is
+predicted not to fit is refused unless ``search.allow_predicted_oom``). ``sweep.Sweeper`` gathers the inputs,
 applies the plan and does the I/O; ``ui.print_sweep_start`` prints it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from hcp_tune.config import SweepConfig
@@ -137,6 +138,8 @@ class SweepPlan:
     estimate: budget.Estimate  # of the queue: exactly the planned trials
     cpu: bool = False  # a CPU profile: the estimate counts rank-hours
     retry: str = "none"  # search.retry as given
+    # runner=bridge: (tp, seq) of the keys not queued because no layout is predicted to fit
+    refused: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def keys(self) -> list[SweepKey]:
@@ -207,8 +210,10 @@ def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
     skips = {(k["tp"], k["seq"], k["a2a"]): k
              for k in predict.skip_slower_than(ordered, s.skip_predicted_slower_than)}
     costs = budget.costs_by_layout(cfg, ordered)
+    unfit = predict.fit_advice(cfg, ordered, params)
+    refused = refused_keys(cfg, unfit)
     advice = [advice_line(a, cfg.cluster.gpu_memory_gib, "sweep")
-              for a in predict.fit_advice(cfg, ordered, params)]
+              + (REFUSED if (a["tp"], a["seq"]) in refused else "") for a in unfit]
     retry = retry_labels(s.retry)
     # search.adaptive: every layout gets min_repeats now; the sweep adds rounds for the
     # undecided ones as results come in (sweep_adaptive.next_round)
@@ -222,6 +227,9 @@ def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
     resumed = retried = 0
     for key, layouts in kept.items():
         key_rows = stored[key] = select_rows(stored_rows, key)
+        if (key.tp, key.seq) in refused:  # nothing queued, re-attached, skipped or added
+            kept[key] = []  # by an adaptive round: the advice line says why
+            continue
         done, failures, n_retried = _resume(key_rows, retry, target)
         resumed += sum(1 for r in key_rows if r["status"] != Status.CANCELLED.value
                        and failure_label(r) not in (*retry, FailureClass.ENVIRONMENT.value))
@@ -256,7 +264,23 @@ def plan_sweep(cfg: SweepConfig, stored_rows: list[dict[str, Any]],
         resumed=resumed, retried=retried, kept_failures=kept_failures,
         notes=sweep_notes(cfg, costs),
         fit_advice=advice, costs=costs, estimate=est, cpu=cfg.cluster.device == "cpu",
-        retry=str(s.retry))
+        retry=str(s.retry), refused=sorted(refused))
+
+
+REFUSED = ("; runner=bridge queues none of its layouts (each would run its whole start-up, "
+           "then fail as oom): apply that change, or set search.allow_predicted_oom=true to "
+           "measure them anyway")
+
+
+def refused_keys(cfg: SweepConfig, unfit: list[dict[str, Any]]) -> set[tuple[int, int]]:
+    """runner=bridge: the (tp, seq) keys whose every layout is predicted not to fit the
+    GPU memory (``predict.fit_advice``), unless ``search.allow_predicted_oom``. A Bridge
+    trial builds the whole model and its communicators before its first step, so an OOM
+    costs minutes of every GPU of the world; the attention runner's trials are cheap and
+    measure one layer, whose memory is not the model's, so it is never refused."""
+    if cfg.runner.name != "bridge" or cfg.search.allow_predicted_oom:
+        return set()
+    return {(a["tp"], a["seq"]) for a in unfit}
 
 
 def plan_rows(cfg: SweepConfig) -> dict[str, Any]:

@@ -189,6 +189,34 @@ def test_notes_and_fit_advice_are_the_predict_commands():
         in plan.fit_advice[0]
 
 
+OOM_KEY = ["cp=8", "seq=[32768,131072]", "tp=1", "pp=1", "model=llama3-8b", "cluster=dgx-h100",
+           "runner=bridge"]
+
+
+def test_runner_bridge_refuses_a_key_whose_every_layout_is_predicted_not_to_fit():
+    """issue 38: llama3-8b at 128K on tp=1 pp=1 is predicted far over 80 GiB for every
+    layout; runner=bridge queued each one to OOM after its whole start-up. 32K fits."""
+    plan = plan_sweep(config.load(OOM_KEY), [], {})
+    assert plan.refused == [(1, 131072)]
+    assert {p.key.seq for p in plan.queue} == {32768} and len(plan.queue) == 4
+    assert [len(v) for k, v in plan.kept.items() if k.seq == 131072] == [0]  # no adaptive round
+    (line,) = plan.fit_advice
+    assert line.startswith("sweep: no layout of tp=1 seq=131072 is predicted to fit 80 GiB; "
+                           "smallest change that fits: recompute=full")
+    assert "model.recompute_granularity=full" in line
+    assert line.endswith("runner=bridge queues none of its layouts (each would run its whole "
+                         "start-up, then fail as oom): apply that change, or set "
+                         "search.allow_predicted_oom=true to measure them anyway")
+
+
+def test_the_user_can_ask_for_the_predicted_oom_key_and_the_attention_runner_is_never_refused():
+    plan = plan_sweep(config.load([*OOM_KEY, "search.allow_predicted_oom=true"]), [], {})
+    assert plan.refused == [] and len(plan.queue) == 8
+    assert "queues none" not in plan.fit_advice[0]
+    attention = plan_sweep(config.load([*OOM_KEY[:-1], "runner=attention"]), [], {})
+    assert attention.refused == [] and len(attention.queue) == 8
+
+
 def test_keys_are_the_sweeps_keys_with_a_kept_layout():
     assert [(k.tp, k.seq, k.runner, k.env_tag) for k in KEYS] == [
         (1, 256, "attention", CFG.env_tag), (1, 512, "attention", CFG.env_tag)]
