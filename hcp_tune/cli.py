@@ -176,6 +176,10 @@ def cmd_sweep(args: list[str]) -> int:
     runner, reason = predict.resolve_runner(cfg.runner.name)
     if runner not in ("model", "synthetic"):  # synthetic trials run here: no SLURM to ask
         runner, reason = _slurm_here(cfg, runner, reason)
+    if runner == "synthetic":  # a bad truth file: one line, before anything is written
+        from hcp_tune.engine import synthetic
+
+        synthetic.check_sweep(cfg)
     if runner != "model":  # it will write there: say so now, not after a job ran
         from hcp_tune.engine import rdb
 

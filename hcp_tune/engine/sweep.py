@@ -66,7 +66,7 @@ class Sweeper(Collector):
             raise ValueError(f"Sweeper measures: runner={runner!r} must be resolved first "
                              "(predict.resolve_runner)")
         # runner=synthetic: trials drawn from a truth file, run in this process (no jobs)
-        self.truth = synthetic.truth_for(cfg) if runner == "synthetic" else None
+        self.truth = synthetic.check_sweep(cfg) if runner == "synthetic" else None
         self.cfg = cfg
         self.reporter = reporter
         self.store = ResultStore(cfg.results_dir)
@@ -130,8 +130,6 @@ class Sweeper(Collector):
             study.abandon_unsubmitted()
             self.studies[key] = study
             outstanding[key] = study.outstanding(stored_ids)
-        if self.truth is not None:
-            synthetic.check_kept(self.truth, kept_keys)
         plan = plan_sweep(self.cfg, rows, outstanding, params=predict.params_for(self.cfg),
                           only=self.only)
         self._apply(plan)

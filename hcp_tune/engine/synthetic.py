@@ -302,6 +302,15 @@ def check_kept(truth: Truth, kept_keys: dict[Any, list[Any]]) -> None:
                 "layout the plan keeps needs an entry under 'layouts'")
 
 
+def check_sweep(cfg: Any) -> Truth:
+    """The truth file read and every kept layout found in it, before a sweep writes."""
+    from hcp_tune.engine.sweep_plan import kept_by_key
+
+    truth = truth_for(cfg)
+    check_kept(truth, kept_by_key(cfg))
+    return truth
+
+
 def submit(truth: Truth, cfg: Any, members: list[Any], folder: Any) -> Any:
     """An in-process job for one batch (``dispatch.JobHandle`` with executor ``inprocess``)."""
     import os

@@ -112,6 +112,9 @@ def report_page(keys: list[KeySummary], title: str) -> str:
             "both step time and peak memory (red line, <b>yes</b> in the table).</p>"]
     for k in keys:
         body.append(f"<h2>{svg.esc(k.name)}</h2>")
+        if k.key.get("runner") == "synthetic":
+            body += _warnings(["runner=synthetic: these trials were drawn from a truth file "
+                               "(a what-if or a benchmark), not measured"])
         if k.injected:
             body += _warnings([f"{k.injected} trial(s) of this key ran with an injected delay "
                                "(HCP_TUNE_INJECT_DELAY): a testing aid, not a real measurement"])

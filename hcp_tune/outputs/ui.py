@@ -322,9 +322,10 @@ def print_recommendations(recs: list[dict[str, Any]], title: str) -> None:
     out.print(escape(title))
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in recs:
-        groups.setdefault((r["cluster"], r["model"], str(r["env_tag"])), []).append(r)
-    for (cluster, model, env_tag), rows in groups.items():
-        out.print(escape(f"cluster={cluster} model={model} env_tag={env_tag}"))
+        groups.setdefault((r["cluster"], r["model"], str(r["env_tag"]),
+                           recommend.runner_label(r)), []).append(r)
+    for (cluster, model, env_tag, label), rows in groups.items():
+        out.print(escape(f"cluster={cluster} model={model} env_tag={env_tag}{label}"))
         table = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
         # runner=bridge keys: tokens/s per GPU at the key's m compares keys of other tp/pp/dp
         tokens = any(_known(r.get("tokens_per_gpu_s")) for r in rows)
@@ -354,7 +355,8 @@ def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list
     out = console()
     out.print(escape(
         f"recommend: {rec['cluster']} {rec['model']} tp={rec['tp']} cp={rec['cp']} seq={rec['seq']} "
-        f"env_tag={rec['env_tag']}: [{rec['a2a']},{rec['p2p']}] {rec['comm_type']}, "
+        f"env_tag={rec['env_tag']}{recommend.runner_label(rec)}: [{rec['a2a']},{rec['p2p']}] "
+        f"{rec['comm_type']}, "
         f"{recommend.figure_text(rec)}"))
     for line in recommend.verdict_lines(rec, results_dir):
         out.print(escape(line))
