@@ -243,6 +243,10 @@ class Recommendation:
     # whose step times are not for the same work on the same GPUs; None for the attention
     # runner (one layer's attention, not a training step)
     tokens_per_gpu_s: Optional[float] = None
+    # layouts early stopping ended without an interval of their own: outside the verdict's
+    # claim ("[4,2] [8,1]"); and the confidence the verdict was decided at (its look's share)
+    stopped_early: str = ""
+    level: Optional[float] = None
     schema_version: int = RECOMMENDATION_SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
@@ -253,7 +257,7 @@ class Recommendation:
         _check_version(d, RECOMMENDATION_SCHEMA, "recommendation", where)
         known, _ = _split(cls, d)
         known.update({k: key_field(known, k) for k in OLDER_ROW_DEFAULTS})
-        for text in ("pareto", "verdict", "tied", "lighter", "undecided"):
+        for text in ("pareto", "verdict", "tied", "lighter", "undecided", "stopped_early"):
             if known.get(text) is None:
                 known[text] = ""
         if known.get("n_trials") is None:

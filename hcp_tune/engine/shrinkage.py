@@ -33,6 +33,7 @@ def _special() -> Any:
     return special
 
 
+OUTLIER_P = 0.01  # moderate(outliers=True): a variance beyond this F tail keeps its own
 SD_FLOOR = 1e-3  # smallest per-trial relative spread assumed (device memory is often exact)
 VAR_SPREAD_MAX = 100.0  # a layout's variance counts as at least the night's median / this
 # n * var(median of n) / var(one), normal samples, n = 1..10; pi/2 beyond
@@ -74,11 +75,19 @@ def _trigamma_inverse(y: float) -> float:
     return x
 
 
-def moderate(s2: Sequence[float], df: Sequence[float]
+def moderate(s2: Sequence[float], df: Sequence[float], *, outliers: bool = False
              ) -> tuple["np.ndarray", "np.ndarray", float, float]:
-    """limma's moderated variances: (posterior s^2, its df, prior s0^2, prior d0)."""
+    """limma's moderated variances: (posterior s^2, its df, prior s0^2, prior d0).
+
+    ``outliers=True`` (the ranking's): a layout whose own variance is implausibly large for
+    the prior (its upper-tail F(d, d0) p-value below ``OUTLIER_P``) keeps its own variance
+    and degrees of freedom, unshrunk, and the prior is estimated from the others without
+    the 3-MAD clip (which hid such a layout's variance and then shrank it fully). Its
+    posterior df is then its own d: ``df_post - d`` is the prior weight each layout got."""
     import numpy as np
 
+    if outliers:
+        return _moderate_robust(s2, df)
     special = _special()
     s2 = np.maximum(np.asarray(s2, float), SD_FLOOR ** 2)
     # a variance far below the night's (identical readings on few trials) is not evidence
@@ -105,3 +114,30 @@ def moderate(s2: Sequence[float], df: Sequence[float]
         d0, s0sq = cap, math.exp(ebar)
     post = np.where(ok, (d0 * s0sq + df * s2) / (d0 + df), s0sq)
     return np.maximum(post, SD_FLOOR ** 2), df + d0, s0sq, d0
+
+
+def _moderate_robust(s2: Sequence[float], df: Sequence[float]
+                     ) -> tuple["np.ndarray", "np.ndarray", float, float]:
+    """``moderate(outliers=True)``: flag the layouts whose variance the prior (fitted to
+    all) makes implausible, refit the prior to the rest, and leave the flagged unshrunk."""
+    import numpy as np
+
+    special = _special()
+    s2 = np.asarray(s2, float)
+    df = np.asarray(df, float)
+    keep = np.ones(len(s2), bool)
+    for _ in range(3):  # a refit can expose another: at most three passes
+        post, pdf, s0sq, d0 = moderate(s2[keep], df[keep])
+        if d0 <= 0:
+            break
+        ratio = np.maximum(s2, SD_FLOOR ** 2) / s0sq
+        p = np.where(df > 0, special.fdtrc(np.maximum(df, 1e-9), d0, ratio), 1.0)
+        flag = (p < OUTLIER_P) & (df > 0)
+        if not (flag & keep).any() or (~flag).sum() < 2:
+            break
+        keep = ~flag
+    own = ~keep
+    post_all = np.where(own, np.maximum(s2, SD_FLOOR ** 2),
+                        (d0 * s0sq + df * np.maximum(s2, SD_FLOOR ** 2)) / (d0 + df))
+    post_all = np.where((df <= 0) & keep, s0sq, post_all)
+    return np.maximum(post_all, SD_FLOOR ** 2), np.where(own, df, df + d0), s0sq, d0

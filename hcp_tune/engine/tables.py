@@ -151,6 +151,8 @@ def recommendations(rows: list[dict[str, Any]],
             missing="; ".join(missing_layouts(key_rows)),
             pareto=(pareto or {}).get(SweepKey.of(dict(zip(KEY_FIELDS, key))).name, ""),
             tokens_per_gpu_s=_tokens_per_gpu(dict(zip(KEY_FIELDS, key)), best.median_s),
+            stopped_early=" ".join(_name(p) for p in v.pruned),
+            level=v.level if v.ratios else None,
         ).to_dict())
     return out
 

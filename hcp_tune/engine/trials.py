@@ -36,7 +36,8 @@ from hcp_tune.spec import (
 )
 
 MIN_STEPS_TO_PRUNE = 3  # measured steps a running trial needs before it can be judged
-PRUNE_FLOOR = 0.05  # a trial is never stopped for being less than 5% slower than the best
+PRUNE_FLOOR = 0.10  # a trial is never stopped for being less than 10% slower than the best
+PRUNE_Z = 3.0  # nor for less than 3 sd of the trial-to-trial spread (``between_sd``)
 
 
 # a SLURM job that ended from outside (an administrator, preemption, a node lost): the trial
@@ -297,15 +298,21 @@ def read_progress(path: Optional[str]) -> list[float]:
 
 def should_prune(steps: list[float], best: Optional[dict[str, Any]]) -> bool:
     """Stop a trial when even its fastest measured step is slower than the best layout's
-    median by more than the best's whole p10-p90 band (twice its ``noise.row_noise``), and
-    at least 5%.
+    median by more than each of: 10%, the best's whole p10-p90 band (twice its
+    ``noise.row_noise``) and 3 sd of the trial-to-trial spread of the key's trials
+    (``between_sd`` in the reference, the best figure's moderated spread of log trial
+    medians, when some layout has 2 trials or more).
 
-    Using the fastest step (not the median) makes the rule conservative: a trial with one
-    slow outlier is never stopped, only one that is slow on every step.
+    One trial's steps share one allocation, so its band says nothing of how the next trial
+    of the same layout lands: the 10% floor and the between-trial term keep a truly best
+    layout whose first trial came out slow from being stopped (its verdict never counts a
+    stopped layout as slower: ``verdict.decide``). The fastest step (not the median) makes
+    the rule conservative: a trial with one slow outlier is never stopped.
     """
     if best is None or len(steps) < MIN_STEPS_TO_PRUNE:
         return False
-    return min(steps) > best["median_s"] * (1 + max(PRUNE_FLOOR, 2 * row_noise(best)))
+    between = math.expm1(PRUNE_Z * float(best.get("between_sd") or 0.0))
+    return min(steps) > best["median_s"] * (1 + max(PRUNE_FLOOR, 2 * row_noise(best), between))
 
 
 def partial_result(spec: TrialSpec, status: Status, steps: list[float], error: str) -> TrialResult:

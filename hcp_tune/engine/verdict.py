@@ -22,16 +22,20 @@ narrow (docs/guides/ranking.md argues it with numbers). Pruned, cancelled, skipp
 failed trials never enter a figure.
 
 **The verdict** compares the best layout (lowest figure) with every other measured layout
-through the 95% interval of the ratio other/best (the log ratio +- t * the root of the two
-figures' variances, on Welch's degrees of freedom): *settled* when every ratio's
-interval lies above 1 (each other layout is slower with 95% confidence; a layout stopped
-early by the prune rule, without an interval of its own, lost on every step it ran and
-counts as slower); *tie* when every
-layout not separated from the best has a ratio interval inside 1 +- ``tie_threshold``;
-*unsettled* otherwise, with the undecided layouts and the trials a power calculation says
-they need (``trials_to_decide``; tests/engine/test_verdict.py checks by simulation that
-the suggestion settles >= 80% of such keys). How often each verdict is wrong, measured on
-keys not used to choose the defaults: benchmarks/RESULTS-decision-cost.md.
+through the interval of the ratio other/best (the log ratio +- t * the root of the two
+figures' variances, on Satterthwaite's degrees of freedom with the prior counted once:
+``ratio_df``), at the level of the look (``look_level``): an adaptive sweep looks after
+every round, so the 5% error is spent over its looks (2% at n = 2, 1% at each of 3, 4 and
+5; a settle command's later look spends 1% more), and a key decided at any look was
+decided at that look's share. *settled* when every ratio's
+interval lies above 1; *tie* when every layout not separated from the best has a ratio
+interval inside 1 +- ``tie_threshold``; *unsettled* otherwise, with the undecided layouts
+and the trials a power calculation says they need (``trials_to_decide``). A layout early
+stopping ended (``trials.should_prune``: every step >= 10% slower than the best) without an
+interval of its own is outside the claim: the verdict names it and compares nothing with
+it. Every verdict is about the sweep's own session (its machine, its day). How often each
+kind is wrong, per noise regime, measured through the real sweep loop (runner=synthetic)
+on regimes and seeds not used to build the rule: benchmarks/RESULTS-decision-cost.md.
 """
 from __future__ import annotations
 
@@ -66,6 +70,8 @@ class Figure:
     row: dict[str, Any] = field(compare=False, repr=False)
     sd_log: Optional[float] = None
     df: Optional[float] = None
+    prior_df: float = 0.0  # the prior's weight in sd_log (0: unshrunk, an outlier)
+    s0sq: Optional[float] = None  # the prior's scale (the key's typical variance)
 
     @property
     def n_trials(self) -> int:
@@ -100,6 +106,7 @@ class Verdict:
     more_trials: dict[Layout, int] = field(default_factory=dict)
     lighter: Optional[Layout] = None
     tie_threshold: float = TIE_THRESHOLD
+    level: float = LEVEL  # the confidence of the ratios and the verdict (``look_level``)
 
     @property
     def best(self) -> Optional[Figure]:
@@ -111,8 +118,8 @@ class Verdict:
         if self.kind != "tie" or not self.best:
             return []
         return [self.best.layout, *(f.layout for f in self.figures[1:]
-                                    if self.ratios[f.layout][0] <= 1.0
-                                    and f.layout not in self.pruned)]
+                                    if f.layout in self.ratios
+                                    and self.ratios[f.layout][0] <= 1.0)]
 
 
 def is_missing(v: Any) -> bool:
@@ -129,21 +136,41 @@ def usable(row: dict[str, Any]) -> bool:
             and m > 0)
 
 
-def _t(df: float) -> float:
-    return shrinkage.t_quantile(1 - (1 - LEVEL) / 2, df)
+def _t(df: float, level: float = LEVEL) -> float:
+    return shrinkage.t_quantile(1 - (1 - level) / 2, df)
+
+
+# the error each look may spend, by the most trials a compared layout has: an adaptive
+# sweep with the default search.repeats=5 looks at n = 2, 3, 4 and 5 (5% in all); a look
+# beyond (a settle command's) spends 1% more of its own
+LOOK_ALPHA = {2: 0.02, 3: 0.01, 4: 0.01, 5: 0.01}
+LATER_LOOK_ALPHA = 0.01
+
+
+def look_level(n: int) -> float:
+    """The confidence level of the verdict at a look where the layouts compared have up to
+    ``n`` trials each. An adaptive sweep looks after every round and stops a key at the
+    first look that decides it, so each look gets a share of the 5% error (a weighted
+    Bonferroni over the looks: no assumption about how they depend on each other), the
+    first the most because most keys are decided there. The share depends on n alone, so a
+    verdict means the same however its rows were gathered (a sweep that measured every
+    layout 5 times and looked once is held to the n = 5 share)."""
+    return 1 - LOOK_ALPHA.get(max(n, MIN_TRIALS), LATER_LOOK_ALPHA)
 
 
 def _with_intervals(figs: list[Figure]) -> list[Figure]:
     """Each figure with ``MIN_TRIALS`` or more trials gets its moderated spread and its
-    interval: log(median) +- t(df) * sqrt(factor(n) / n) * sd (``shrinkage``)."""
+    95% interval: log(median) +- t(df) * sqrt(factor(n) / n) * sd (``shrinkage``, with a
+    layout far noisier than the rest left unshrunk: ``moderate(outliers=True)``)."""
     have = [f for f in figs if f.n_trials >= MIN_TRIALS]
     if not have:
         return figs
     s2 = [statistics.variance([math.log(m) for m in f.medians]) for f in have]
-    post, pdf, _, _ = shrinkage.moderate(s2, [f.n_trials - 1 for f in have])
+    post, pdf, s0sq, _ = shrinkage.moderate(s2, [f.n_trials - 1 for f in have], outliers=True)
     done = {}
     for f, v, d in zip(have, post, pdf):
-        g = replace(f, sd_log=math.sqrt(float(v)), df=float(d))
+        g = replace(f, sd_log=math.sqrt(float(v)), df=float(d),
+                    prior_df=float(d) - (f.n_trials - 1), s0sq=float(s0sq))
         half = _t(g.df) * math.sqrt(g.var_log)
         done[f.layout] = replace(g, ci_lo_s=f.median_s * math.exp(-half),
                                  ci_hi_s=f.median_s * math.exp(half))
@@ -167,14 +194,33 @@ def figures(rows: list[dict[str, Any]], intervals: bool = True) -> list[Figure]:
     return sorted(out, key=lambda f: (f.median_s, f.peak_mem_bytes or 0, f.layout))
 
 
-def ratio_interval(best: Figure, other: Figure) -> tuple[float, float]:
-    """The 95% interval of other/best: log ratio +- t * sqrt(var_best + var_other), on
-    Welch-Satterthwaite's degrees of freedom; (0, inf) when either has no interval."""
+def ratio_df(best: Figure, other: Figure) -> float:
+    """Satterthwaite's degrees of freedom of var_best + var_other with the prior counted
+    once: each moderated variance is the prior's scale (d0 df, shared by both layouts)
+    and the layout's own variance (its n - 1 df) in proportion, so the sum is three
+    independent parts, not two each holding d0."""
+    parts = []  # (expected size, df) of each independent part
+    prior = 0.0
+    for f in (best, other):
+        own = f.n_trials - 1
+        c = shrinkage.median_factor(f.n_trials) / f.n_trials
+        w0 = f.prior_df / (f.prior_df + own) if f.prior_df + own > 0 else 1.0
+        prior += c * w0 * (f.s0sq or 0.0)
+        parts.append((c * (1 - w0) * f.sd_log ** 2, own))
+    d0 = max(best.prior_df, other.prior_df)
+    parts.append((prior, d0))
+    total = sum(a for a, _ in parts)
+    denom = sum(a * a / d for a, d in parts if a > 0 and d > 0)
+    return total * total / denom if denom > 0 else 1.0
+
+
+def ratio_interval(best: Figure, other: Figure, level: float = LEVEL) -> tuple[float, float]:
+    """The ``level`` interval of other/best: log ratio +- t * sqrt(var_best + var_other), on
+    ``ratio_df``'s degrees of freedom; (0, inf) when either has no interval."""
     vb, vo = best.var_log, other.var_log
     if vb is None or vo is None or not best.df or not other.df:
         return (0.0, math.inf)
-    df = (vb + vo) ** 2 / (vb ** 2 / best.df + vo ** 2 / other.df)
-    half = _t(df) * math.sqrt(vb + vo)
+    half = _t(ratio_df(best, other), level) * math.sqrt(vb + vo)
     d = math.log(other.median_s / best.median_s)
     return math.exp(d - half), math.exp(d + half)
 
@@ -195,40 +241,49 @@ def _chi2_lower(df: float) -> float:
 def trials_to_decide(best: Figure, other: Figure, tie_threshold: float) -> int:
     """Trials per layout (in all) at which the pair should settle or tie with 80% power.
 
-    The normal approximation of a ratio of two medians of n trials each: the 95% interval
-    of log(other/best) has half-width ``1.96 * sqrt(2 * pi/2) * s / sqrt(n)`` (s: the two
-    layouts' moderated spread of log trial medians at its 80% upper bound: a spread
-    estimated from few trials is often an underestimate). To settle, that half-width must
-    be below |log ratio| with 80% power; to tie, below the distance from |log ratio| to
-    log(1 + threshold). The smaller n wins (tests/engine/test_verdict.py's simulation
-    checks the suggestion settles >= 80% of such keys)."""
+    The normal approximation of a ratio of two medians of n trials each: the interval of
+    log(other/best) at the level of the look at n (``look_level``) has half-width
+    ``z(n) * sqrt(2 * pi/2) * s / sqrt(n)`` (s: the two layouts' moderated spread of log
+    trial medians at its 80% upper bound: a spread estimated from few trials is often an
+    underestimate). To settle, that half-width must be below |log ratio| with 80% power;
+    to tie, below the distance from |log ratio| to log(1 + threshold). The smallest n at
+    which either holds (benchmarks/power_rule.py checks the suggestion at scale)."""
     if best.sd_log is None or other.sd_log is None:
         return MIN_TRIALS + 1
     df = min(best.df or 1.0, other.df or 1.0)
     s = math.sqrt((best.sd_log ** 2 + other.sd_log ** 2) / 2) * math.sqrt(df / _chi2_lower(df))
     d = abs(math.log(other.median_s / best.median_s))
     se1 = math.sqrt(2 * math.pi / 2) * s  # the s.e. of the log ratio at n = 1
-    gaps = [d, math.log1p(tie_threshold) - d]
-    need = [((INTERVAL_Z + POWER_Z) * se1 / g) ** 2 for g in gaps if g > 1e-9]
-    return max(MIN_TRIALS + 1, math.ceil(min(need))) if need else 10_000
+    gaps = [g for g in (d, math.log1p(tie_threshold) - d) if g > 1e-9]
+    if not gaps:
+        return 10_000
+    now = max(best.n_trials, other.n_trials)
+    for n in range(now + 1, 10_001):
+        z = _t(math.inf, look_level(n)) + POWER_Z
+        if any((z * se1 / g) ** 2 <= n for g in gaps):
+            return max(MIN_TRIALS + 1, n)
+    return 10_000
 
 
 def decide(rows: list[dict[str, Any]], tie_threshold: float = TIE_THRESHOLD) -> Verdict:
-    """One key's verdict from its stored rows (any order; pure, deterministic)."""
-    figs = figures(rows)
-    # lost by early stopping: a layout stopped early that has no interval of its own (one
-    # with one, from MIN_TRIALS ok trials, is judged by it)
-    pruned = _pruned(rows, {f.layout for f in figs if f.n_trials >= MIN_TRIALS})
+    """One key's verdict from its stored rows (any order; pure, deterministic), at the
+    level of its look (``look_level`` of the most trials a compared layout has)."""
+    shown = figures(rows)
+    # stopped early with no interval of its own: outside the verdict's claim (one with an
+    # interval, from MIN_TRIALS ok trials, is judged by it); shown last, compared with none
+    pruned = _pruned(rows, {f.layout for f in shown if f.n_trials >= MIN_TRIALS})
+    figs = [f for f in shown if f.layout not in pruned]
     if not figs:
-        return Verdict("unsettled", [], {}, pruned, tie_threshold=tie_threshold)
+        return Verdict("unsettled", shown, {}, pruned, tie_threshold=tie_threshold)
     best, others = figs[0], figs[1:]
-    ratios = {f.layout: ratio_interval(best, f) for f in others}
-    # not separated from the best; a layout early stopping stopped (and has no interval)
-    # lost on every step of a trial, beyond the best's noise and 5%: out
-    close = [f for f in others if ratios[f.layout][0] <= 1.0 and f.layout not in pruned]
+    figs = figs + [f for f in shown if f.layout in pruned]
+    level = look_level(max(f.n_trials for f in figs))
+    ratios = {f.layout: ratio_interval(best, f, level) for f in others}
+    close = [f for f in others if ratios[f.layout][0] <= 1.0]  # not separated from the best
     if not others and not pruned:  # one layout measured: nothing was compared, and more
         # trials of it cannot change that (no layout is undecided: adaptive rounds stop)
-        return Verdict("unsettled", figs, ratios, pruned, tie_threshold=tie_threshold)
+        return Verdict("unsettled", figs, ratios, pruned, tie_threshold=tie_threshold,
+                       level=level)
     if not close and (best.n_trials >= MIN_TRIALS or not others):
         kind = "settled"
     elif close and all(1 - tie_threshold <= ratios[f.layout][0]
@@ -239,17 +294,18 @@ def decide(rows: list[dict[str, Any]], tie_threshold: float = TIE_THRESHOLD) -> 
     if kind == "tie":
         tied = [best, *close]
         lighter = min(tied, key=lambda f: (f.peak_mem_bytes or 0, f.median_s)).layout
-        return Verdict(kind, figs, ratios, pruned, lighter=lighter, tie_threshold=tie_threshold)
+        return Verdict(kind, figs, ratios, pruned, lighter=lighter, tie_threshold=tie_threshold,
+                       level=level)
     if kind == "settled":
-        return Verdict(kind, figs, ratios, pruned, tie_threshold=tie_threshold)
-    pending = close or [f for f in others if f.layout not in pruned]
+        return Verdict(kind, figs, ratios, pruned, tie_threshold=tie_threshold, level=level)
+    pending = close or others
     need = {f.layout: trials_to_decide(best, f, tie_threshold) for f in pending}
     best_need = max(need.values(), default=MIN_TRIALS + 1)
     more = {best.layout: max(0, best_need - best.n_trials)}
     more.update({f.layout: max(0, need[f.layout] - f.n_trials) for f in pending})
     return Verdict(kind, figs, ratios, pruned,
                    undecided=[best.layout, *(f.layout for f in pending)],
-                   more_trials=more, tie_threshold=tie_threshold)
+                   more_trials=more, tie_threshold=tie_threshold, level=level)
 
 
 def summary(v: Verdict) -> str:
@@ -258,8 +314,16 @@ def summary(v: Verdict) -> str:
         return "unsettled: no layout measured yet"
     b = v.best.layout
     if v.kind == "settled":
-        return (f"settled: [{b[0]},{b[1]}] is fastest; every other layout is slower with 95% "
-                "confidence")
+        compared = len(v.ratios)
+        text = f"settled: [{b[0]},{b[1]}] is fastest"
+        if compared:
+            text += (f"; every other measured layout is slower at {v.level:.2%} confidence "
+                     "(this look's share of the sweep's 5%)")
+        if v.pruned:
+            names = " ".join(f"[{a},{p}]" for a, p in v.pruned)
+            text += (f"; {names} stopped early, every step >= 10% slower: not part of the "
+                     "confidence claim")
+        return text + "; for this sweep's session"
     if v.kind == "tie":
         names = " ".join(f"[{a},{p}]" for a, p in v.tied)
         lt = v.lighter

@@ -126,17 +126,34 @@ def wanted_trials(rec: dict[str, Any]) -> int:
     return max(total, MIN_TRIALS + 1)
 
 
+def runner_label(rec: dict[str, Any]) -> str:
+    """runner=synthetic's keys say what they are wherever a key is shown: nothing was
+    measured, the trials were drawn from a truth file (hcp_tune/engine/synthetic.py)."""
+    if rec.get("runner") != "synthetic":
+        return ""
+    return " runner=synthetic (drawn from a truth file, not measured)"
+
+
 def verdict_lines(rec: dict[str, Any], results_dir: Optional[str] = None) -> list[str]:
     """The key's verdict in words (docs/guides/ranking.md), with its measured error rate."""
     kind = rec.get("verdict") or ""
     best = f"[{rec['a2a']},{rec['p2p']}]"
+    level = _num(rec.get("level"))
+    conf = f"{level:.1%} confidence, this look's share of the sweep's 5%" if level else \
+        "95% confidence"
     if kind == "settled":
-        return [f"settled: {best} is the fastest; every other layout is slower with 95% "
-                f"confidence ({rate_for(kind)})"]
+        early = rec.get("stopped_early")
+        out = f"settled: {best} is the fastest"
+        if rec.get("runner_up"):
+            out += f"; every other measured layout is slower ({conf})"
+        if early:
+            out += (f"; {early} stopped early (every step >= 10% slower than the best): outside "
+                    "that claim")
+        return [f"{out}; for this sweep's session ({rate_for(kind)})"]
     if kind == "tie":
-        return [f"tie: {rec.get('tied')} are equivalent within the tie threshold (95% "
-                f"interval of their ratio inside 1 +- threshold); {rec.get('lighter')} uses "
-                f"the least memory ({rate_for(kind)})"]
+        return [f"tie: {rec.get('tied')} are equivalent within the tie threshold (the "
+                f"interval of their ratio inside 1 +- threshold, {conf}); {rec.get('lighter')} "
+                f"uses the least memory; for this sweep's session ({rate_for(kind)})"]
     if kind == "unsettled" and not rec.get("undecided"):
         return [f"unsettled: only {best} has a usable measurement, so nothing was compared "
                 "(the other layouts failed, were skipped, or were left out by "
@@ -157,6 +174,11 @@ def sweep_verdict_lines(recs: list[dict[str, Any]], results_dir: str) -> list[st
     key its undecided layouts with the command that measures only them."""
     kinds = {r.get("verdict") for r in recs}
     out = [f"{k}: {rate_for(k)}" for k in ("settled", "tie") if k in kinds]
+    early = [r for r in recs if r.get("verdict") == "settled" and r.get("stopped_early")]
+    if early:
+        out.append(f"settled in {len(early)} key(s) with layouts stopped early (every step "
+                   ">= 10% slower than the best): those are outside the 95% claim "
+                   "(`recommend` of a key names them)")
     for r in recs:
         if r.get("verdict") == "unsettled":
             first, *rest = verdict_lines(r, results_dir)
