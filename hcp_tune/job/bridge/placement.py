@@ -26,8 +26,8 @@ from typing import Optional
 
 from hcp_tune.job.failures import EnvironmentProblem
 
-FIX = ("start the ranks in block order (srun --distribution=block; torchrun: one launcher "
-       "per node with node-contiguous ranks)")
+FIX = ("ranks must fill one node after another (srun --distribution=block), or the "
+       "all-to-all crosses nodes")
 
 
 class PlacementError(EnvironmentProblem):
@@ -58,12 +58,11 @@ def placement_problems(expected_groups: dict, hosts: list[str]) -> list[str]:
 
 
 def check(expected_groups: dict, hosts: list[str]) -> None:
-    """Raise ``PlacementError`` naming the first groups placed across hosts, and the fix."""
+    """Raise ``PlacementError`` naming the first group placed across hosts, and the fix."""
     problems = placement_problems(expected_groups, hosts)
     if problems:
-        more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
-        raise PlacementError("rank placement: " + "; ".join(problems[:2]) + more
-                             + f": the all-to-all would cross nodes; {FIX}")
+        more = f" (and {len(problems) - 1} more group(s))" if len(problems) > 1 else ""
+        raise PlacementError(f"rank placement: {FIX}: {problems[0]}{more}")
 
 
 def is_block(hosts: list[str]) -> bool:

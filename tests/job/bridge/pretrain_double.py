@@ -23,16 +23,23 @@ data builds Megatron-Core's S x S mask per sample unless ``dataset.create_attent
 is False (its default is True). ``plant_wrong_group`` gives one module on rank 0 its levels
 swapped, which the runner's CP proof must catch. ``te_log_line`` makes the first attention
 forward log a line on TE's logger, as TE's backend selection does with NVTE_DEBUG.
-``record`` names a JSON file the double writes: micro-batches per step, mask bytes built.
+``record`` names a JSON file the double writes: micro-batches per step, mask bytes built,
+whether Python's automatic GC was on inside each step (Bridge's loop calls ``gc.disable()``
+before the first step when ``train.manual_gc``: training/train.py), and the
+``CUDA_DEVICE_MAX_CONNECTIONS`` ``pretrain`` found. ``cyclic_hosts`` makes each rank report
+host ``node<rank % 2>`` (a cyclic SLURM distribution over two nodes), which the runner's
+placement check must refuse.
 
 Run as a script, it is one rank of tests/job/bridge/test_bridge_runner_double.py.
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
 import os
+import socket
 import sys
 from datetime import timedelta
 from functools import partial
@@ -164,15 +171,27 @@ class PretrainDouble:
 
     def __init__(self, *, plant_wrong_group: bool = False,
                  te_log_line: Optional[str] = None, hidden: int = 16,
-                 record: Optional[str] = None) -> None:
+                 record: Optional[str] = None, cyclic_hosts: bool = False) -> None:
         self.plant_wrong_group, self.te_log_line, self.hidden = (
             plant_wrong_group, te_log_line, hidden)
-        self.record = record
-        self.seen: dict = {"micro_batches": [], "mask_bytes": 0}
+        self.record, self.cyclic_hosts = record, cyclic_hosts
+        self.seen: dict = {"micro_batches": [], "mask_bytes": 0, "gc_enabled_in_steps": []}
 
     def __call__(self, config, forward_step_func, callbacks=None) -> None:
         from megatron.core import parallel_state as ps
 
+        self.seen["max_connections"] = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+        real_hostname = socket.gethostname
+        if self.cyclic_hosts:
+            socket.gethostname = lambda: f"node{int(os.environ['RANK']) % 2}"
+        try:
+            self._run(config, forward_step_func, callbacks, ps)
+        finally:
+            socket.gethostname = real_hostname
+            if self.record:
+                Path(self.record).write_text(json.dumps(self.seen))
+
+    def _run(self, config, forward_step_func, callbacks, ps) -> None:
         runtime_config_update_double(config, int(os.environ["WORLD_SIZE"]))
         created = not dist.is_initialized()
         if created:  # Bridge's initialize: torchrun's variables, the configured timeout
@@ -186,11 +205,14 @@ class PretrainDouble:
             context_parallel_size=m.context_parallel_size,
             hierarchical_context_parallel_sizes=m.hierarchical_context_parallel_sizes,
             create_gloo_process_groups=False)
+        gc_was = gc.isenabled()
         try:
+            if getattr(config.train, "manual_gc", False):  # Bridge's train loop, before step 1
+                gc.disable()
             self._train(config, forward_step_func, callbacks or [])
-            if self.record:
-                Path(self.record).write_text(json.dumps(self.seen))
-        finally:  # the double runs several trials per process; Bridge runs one
+        finally:
+            if gc_was:  # the double runs several trials per process
+                gc.enable()  # the double runs several trials per process; Bridge runs one
             ps.destroy_model_parallel()
             ps._HIERARCHICAL_CONTEXT_PARALLEL_GROUPS = None  # not reset by destroy (groups.py)
             if created:
@@ -248,6 +270,7 @@ class PretrainDouble:
         def train_step() -> None:
             optimizer.zero_grad()
             self.seen["micro_batches"].append(micro)
+            self.seen["gc_enabled_in_steps"].append(gc.isenabled())
             for _ in range(micro):
                 output, loss_func = forward_step_func(state, it, model[0])  # one chunk
                 loss, report = loss_func(output)
@@ -275,12 +298,15 @@ class PretrainDouble:
                 fire(e["fire"], e["context"])
 
 
-def double_stack(**kw):
+def double_stack(capability=(9, 0), **kw):
+    """The double as the runner's stack; ``capability``: the GPU generation the runner is
+    told (default Hopper, 9.0: before Blackwell)."""
     from hcp_tune.job.bridge.runner import BridgeStack
 
+    cap = tuple(capability) if capability else None
     return BridgeStack(pretrain=PretrainDouble(**kw), forward_step=forward_step_double,
                        build_container=build_container_double, needs_cuda=False,
-                       is_attention=is_attention_double)
+                       is_attention=is_attention_double, capability=lambda: cap)
 
 
 def main(scenarios_file: str, out_dir: str) -> None:

@@ -1,11 +1,14 @@
 """``job.bridge.runner`` end to end on CPU: ``run_bridge_trial`` with the test double of
 Bridge's ``pretrain`` (pretrain_double.py, its protocol from the pinned source's extract),
-four gloo processes running eight trials one after another: a measured a2a+p2p run, a
+four gloo processes running nine trials one after another: a measured a2a+p2p run, a
 planted wrong ``cp_group`` on one module (invalid), the stop file (pruned), the time limit
 (failed, time_limit), pp=2 with two micro-batches per step, dp=2 with three (issue 30: the
 double counts global / (micro * dp)), and two misconfigurations the double does not build
 in, given as overrides: ``cp_comm_type=p2p`` on an a2a+p2p trial (the guard catches it)
-and null hierarchical sizes (Bridge's validation, restated in the double, refuses it).
+and null hierarchical sizes (Bridge's validation, restated in the double, refuses it),
+and ranks reporting a cyclic placement over two hosts (the placement check fails it).
+Then eight processes: a2a+p2p [2,2] at tp=2, and at pp=2 (the default job's shape, issue 38),
+with CUDA_DEVICE_MAX_CONNECTIONS and GC checked as the double saw them inside ``pretrain``.
 
 Nothing here is a GPU result: the double checks the runner's control flow, the CP proof on
 the modules, the memory readings' CPU fallback, the stop flag and the failure classes.
@@ -41,13 +44,36 @@ def _free_port_block(n: int) -> int:
     raise RuntimeError("no free port")
 
 
-def _spec(name: str, layout: Layout, *, pp: int = 1, dp: int = 1, tmp: Path, **kw):
-    spec = make_spec(layout, seq=64, runner="bridge", trial_id=name, pp=pp, dp=dp,
+def _spec(name: str, layout: Layout, *, tp: int = 1, pp: int = 1, dp: int = 1, tmp: Path, **kw):
+    spec = make_spec(layout, seq=64, runner="bridge", trial_id=name, tp=tp, pp=pp, dp=dp,
                      layers=2 * pp, ffn_hidden=64, expected_groups=rank_groups(
-                         layout, tp=1, dp=dp, pp=pp, gpus_per_node=8).as_dict(),
+                         layout, tp=tp, dp=dp, pp=pp, gpus_per_node=8).as_dict(),
                      progress_path=str(tmp / f"{name}.jsonl"), stop_path=str(tmp / f"{name}.stop"),
                      **kw)
     return json.loads(json.dumps(dataclasses.asdict(spec)))
+
+
+def _launch(tmp: Path, scenarios: list, world: int) -> dict:
+    """Every scenario in turn in ``world`` gloo processes; rank 0's results by name."""
+    (tmp / "scenarios.json").write_text(json.dumps(scenarios))
+    env = {**os.environ, "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port_block(len(scenarios)))}
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # what the runner sets is what is checked
+    procs = [subprocess.Popen([sys.executable, str(DOUBLE), str(tmp / "scenarios.json"),
+                               str(tmp)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
+    return {sc["name"]: result_from_json((tmp / f"{sc['name']}.rank0.json").read_text())
+            for sc in scenarios} | {"_logs": logs, "_tmp": tmp}
 
 
 @pytest.fixture(scope="module")
@@ -67,25 +93,22 @@ def ran(tmp_path_factory) -> dict:
             "model.cp_comm_type=p2p"])},
         {"name": "null_sizes", "spec": _spec("null_sizes", Layout(2, 2), tmp=tmp, bridge_overrides=[
             "model.hierarchical_context_parallel_sizes=null"])},
+        {"name": "cyclic", "spec": _spec("cyclic", Layout(2, 2), tmp=tmp),
+         "double": {"cyclic_hosts": True}},
     ]
-    (tmp / "scenarios.json").write_text(json.dumps(scenarios))
-    env = {**os.environ, "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port_block(len(scenarios)))}
-    procs = [subprocess.Popen([sys.executable, str(DOUBLE), str(tmp / "scenarios.json"),
-                               str(tmp)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=300)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
-    return {sc["name"]: result_from_json((tmp / f"{sc['name']}.rank0.json").read_text())
-            for sc in scenarios} | {"_logs": logs, "_tmp": tmp}
+    return _launch(tmp, scenarios, WORLD)
+
+
+@pytest.fixture(scope="module")
+def ran8(tmp_path_factory) -> dict:
+    """issue 38: the default job's shape (a2a+p2p with tp > 1, and with pp > 1) on 8 ranks."""
+    tmp = tmp_path_factory.mktemp("double8")
+    scenarios = [
+        {"name": "tp2", "spec": _spec("tp2", Layout(2, 2), tp=2, tmp=tmp)},
+        {"name": "pp2cp4", "spec": _spec("pp2cp4", Layout(2, 2), pp=2, tmp=tmp,
+                                         micro_batches=2)},
+    ]
+    return _launch(tmp, scenarios, 8)
 
 
 @pytest.mark.multiproc
@@ -176,3 +199,44 @@ def test_null_hierarchical_sizes_are_refused_by_bridges_validation(ran):
     res = ran["null_sizes"]
     assert res.status == Status.FAILED
     assert "hierarchical_context_parallel_sizes must be set" in res.error
+
+
+@pytest.mark.multiproc
+def test_scratch_mode_trains_with_automatic_gc_off(ran):
+    """issue 38: Bridge's loop disables GC when train.manual_gc (the recipes' setting); with
+    it on, a collection on one rank inside a timed step stalls the others."""
+    assert ran["ok"].status == Status.OK
+    seen = [_seen(ran, "ok", r)["gc_enabled_in_steps"] for r in range(WORLD)]
+    assert all(steps and not any(steps) for steps in seen)
+    assert ran["ok"].fingerprint["bridge_recipe_parity"]["gc"]["train.manual_gc"] is True
+
+
+@pytest.mark.multiproc
+def test_a_cyclic_placement_fails_the_trial_before_a_step_is_timed(ran):
+    res = ran["cyclic"]
+    assert res.status == Status.FAILED and res.failure_class.value == "environment"
+    assert res.error.startswith("PlacementError: rank placement: ranks must fill one node after "
+                                "another (srun --distribution=block)")
+    assert not res.step_times_s
+    assert res.verification["placement"]["problems"][0].startswith(
+        "a2a group [0, 1] is planned on one node (2 tasks per node")
+    assert res.verification["placement"]["rank_hosts"] == ["node0", "node1"] * 2
+    assert ran["ok"].verification["placement"]["block"] is True
+    assert ran["ok"].fingerprint["rank_nodes"] == [0] * WORLD
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("name,tp,pp,m", [("tp2", 2, 1, 1), ("pp2cp4", 1, 2, 2)])
+def test_a2a_p2p_with_tp_or_pp_is_proven_and_measured(ran8, name, tp, pp, m):
+    res = ran8[name]
+    assert res.status == Status.OK, res.error
+    cp = res.verification["cp_active"]
+    assert cp["checked"] and not cp["problems"]
+    fields = res.verification["bridge_config"]
+    assert (fields["model.tensor_model_parallel_size"], fields["model.pipeline_model_parallel_size"],
+            fields["model.hierarchical_context_parallel_sizes"]) == (tp, pp, [2, 2])
+    assert res.world_size == 8 and len(res.verification["memory"]) == 8
+    # CUDA_DEVICE_MAX_CONNECTIONS=1 before CUDA (the double says Hopper), and keyed by
+    assert res.fingerprint["settings"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert {_seen(ran8, name, r)["max_connections"] for r in range(8)} == {"1"}
+    assert set(_seen(ran8, name)["micro_batches"]) == {m}
