@@ -11,6 +11,11 @@ from typing import Literal, Optional
 from hcp_tune.config.schema import from_mapping
 from hcp_tune.errors import ConfigError
 
+# regress's session spreads where a profile states none: the recorded H200 sessions
+# (benchmarks/RESULTS-gpu-recording.md; conf/cluster/dgx-h200.yaml says how they were read)
+RECORDED_SESSION_SPREAD = 0.005
+RECORDED_LAYOUT_SPREAD = 0.001
+
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterProfile:
@@ -50,7 +55,22 @@ class ClusterProfile:
                "NAME.json) the cost model uses on this cluster; your own calibration "
                "(<results_dir>/calibration/) wins; null: the uncalibrated defaults"})
 
+    session_spread: float = field(default=RECORDED_SESSION_SPREAD, metadata={
+        "doc": "relative sd of the shift one session (allocation) gives every layout: what "
+               "regress allows between two tags measured in separate sessions; default: the "
+               "recorded H200 sessions (benchmarks/RESULTS-gpu-recording.md)",
+        "min": 0.0, "expect": "a fraction in [0, 1), e.g. 0.005 (0.5%)"})
+    layout_spread: float = field(default=RECORDED_LAYOUT_SPREAD, metadata={
+        "doc": "relative sd of each layout's own session effect on top of the shift; "
+               "default: the recorded H200 sessions",
+        "min": 0.0, "expect": "a fraction in [0, 1), e.g. 0.001 (0.1%)"})
+
     def __post_init__(self) -> None:
+        for name in ("session_spread", "layout_spread"):
+            value = getattr(self, name)
+            if not 0 <= value < 1:
+                raise ConfigError(f"cluster {self.name}: {name}={value}: expected a relative "
+                                  "standard deviation, a fraction in [0, 1), e.g. 0.005")
         if self.device == "cuda" and self.peak_bf16_tflops is None:
             raise ConfigError(
                 f"cluster {self.name}: peak_bf16_tflops is required for a cuda profile "

@@ -12,7 +12,9 @@ from hcp_tune.outputs.regress import MIN_TRIALS, Options, RegressError, compare 
 REPO = Path(__file__).resolve().parents[2]
 BASE = [1.00, 1.01, 0.99]
 BASE5 = [1.00, 1.01, 0.99, 1.005, 0.995]
-OPTS = Options(baseline="old", candidate="new")
+OPTS = Options(baseline="old", candidate="new", session_spread=0.0, layout_spread=0.0)
+# the rows here: both tags measured in one session (no session spread between them)
+ONE_SESSION = ("session_spread=0", "layout_spread=0")
 
 
 def only(report):
@@ -132,7 +134,7 @@ def test_unknown_tag_names_the_tags_that_exist():
     rows = rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, BASE)
     with pytest.raises(RegressError, match=r"unknown env tag\(s\) newer; tags with stored "
                                            r"trials: new, old"):
-        compare(rows, Options(baseline="old", candidate="newer"))
+        compare(rows, Options(baseline="old", candidate="newer", session_spread=0.0))
 
 
 def test_no_common_keys_names_each_tags_keys():
@@ -147,7 +149,8 @@ def test_filters_select_keys():
     rows = (rows_for("old", 2, 2, BASE) + rows_for("new", 2, 2, [1.2] * 3)
             + rows_for("old", 2, 2, BASE, model="tiny-gqa") + rows_for("new", 2, 2, BASE,
                                                                        model="tiny-gqa"))
-    rep = compare(rows, Options(baseline="old", candidate="new", model="tiny-gqa"))
+    rep = compare(rows, Options(baseline="old", candidate="new", model="tiny-gqa", session_spread=0.0,
+                                layout_spread=0.0))
     assert [c.key[1] for c in rep.comparisons] == ["tiny-gqa"] and rep.exit_code == 0
 
 
@@ -201,7 +204,7 @@ def results(tmp_path):
 
 
 def test_cli_flags_a_regression_exit_1_and_writes_md_and_html(results):
-    r = run("regress", "baseline=old", "candidate=new", f"results_dir={results}")
+    r = run("regress", "baseline=old", "candidate=new", *ONE_SESSION, f"results_dir={results}")
     assert r.returncode == 1, r.stderr
     assert "1 of 2 key/layout(s) flagged" in r.stdout and "REGRESSION" in r.stdout
     md = (results / "regress-old-vs-new.md").read_text()
@@ -211,7 +214,7 @@ def test_cli_flags_a_regression_exit_1_and_writes_md_and_html(results):
 
 
 def test_cli_no_regression_exits_0(results):
-    r = run("regress", "baseline=old", "candidate=new", f"results_dir={results}",
+    r = run("regress", "baseline=old", "candidate=new", *ONE_SESSION, f"results_dir={results}",
             "threshold=0.5")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "no regression in 2 key/layout(s)" in r.stdout
@@ -239,7 +242,7 @@ def test_cli_no_regression_exits_0(results):
      "candidate_args=executor=local: only used with settle=true"),
 ])
 def test_cli_bad_input_exits_2_with_one_line_and_nothing_written(results, args, message):
-    r = run("regress", *args, f"results_dir={results}")
+    r = run("regress", *args, *ONE_SESSION, f"results_dir={results}")
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -249,7 +252,7 @@ def test_cli_bad_input_exits_2_with_one_line_and_nothing_written(results, args, 
 def test_cli_inconclusive_exits_4_and_prints_the_sweep_that_settles_it(tmp_path):
     res = store(tmp_path / "res", rows_for("old", 2, 2, [1.0, 1.08, 0.93])
                 + rows_for("new", 2, 2, [1.13, 1.22, 1.04]))
-    r = run("regress", "baseline=old", "candidate=new", f"results_dir={res}")
+    r = run("regress", "baseline=old", "candidate=new", *ONE_SESSION, f"results_dir={res}")
     assert r.returncode == 4, r.stdout + r.stderr
     assert "no confirmed change in 1 key/layout(s); 1 inconclusive (measure more)" in r.stdout
     assert ("python -m hcp_tune sweep cluster=local model=tiny tp=1 cp=4 seq=4096 "
@@ -261,7 +264,7 @@ def test_cli_inconclusive_exits_4_and_prints_the_sweep_that_settles_it(tmp_path)
 def test_cli_settle_passes_a_sweeps_refusal_on_as_exit_2(tmp_path):
     res = store(tmp_path / "res", rows_for("old", 2, 2, [1.0, 1.08, 0.93])
                 + rows_for("new", 2, 2, [1.13, 1.22, 1.04]))
-    r = run("regress", "baseline=old", "candidate=new", f"results_dir={res}", "settle=true",
+    r = run("regress", "baseline=old", "candidate=new", *ONE_SESSION, f"results_dir={res}", "settle=true",
             "candidate_args=executor=local executor.no_such_key=1")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "executor.no_such_key" in r.stderr  # the sweep's own line
@@ -287,7 +290,7 @@ def test_cli_report_writes_a_page_and_refuses_an_unknown_tag(results):
 
 @pytest.mark.parametrize("command", ["regress", "report"])
 def test_regress_and_report_do_not_import_torch_or_pandas(results, command):
-    args = (["baseline=old", "candidate=new"] if command == "regress" else []) + [
+    args = (["baseline=old", "candidate=new", *ONE_SESSION] if command == "regress" else []) + [
         f"results_dir={results}"]
     r = subprocess.run([sys.executable, "-X", "importtime", "-m", "hcp_tune", command, *args],
                        capture_output=True, text=True, cwd=REPO, timeout=120,

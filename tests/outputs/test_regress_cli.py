@@ -109,7 +109,8 @@ def test_a_tag_swept_with_early_stopping_is_explained(tmp_path, capsys):
 
 def test_regress_run_alternates_the_tags_round_by_round_and_pairs_them(tmp_path, monkeypatch,
                                                                        capsys):
-    """``regress run``: round r sweeps A then B to r trials each (ABAB), every sweep
+    """``regress run``: round r sweeps both tags to r trials each, A first in odd rounds
+    and B first in even ones (ABBA: a linear drift favours neither tag), every sweep
     never early-stops, and the verdict rests on the pairs (``design: interleaved``): a
     drift through the night that one session per tag would read as noise cancels."""
     from hcp_tune.outputs.regress import plan
@@ -130,7 +131,29 @@ def test_regress_run_alternates_the_tags_round_by_round_and_pairs_them(tmp_path,
                "baseline_args=cp=4 executor=local", "candidate_args=cp=4 executor=local",
                f"results_dir={res}"])
     out = " ".join(capsys.readouterr().out.split())  # prose wraps at the width
-    assert [c[:2] for c in calls] == [(t, r) for r in range(1, 6) for t in ("te-2.9", "te-2.10")]
+    abba = [(t, r) for r in range(1, 6)
+            for t in (("te-2.9", "te-2.10") if r % 2 else ("te-2.10", "te-2.9"))]
+    assert [c[:2] for c in calls] == abba
     assert {c[2] for c in calls} == {"regress"}
-    assert rc == 1 and "design: interleaved ABAB" in out and " REGRESSION " in out
+    assert rc == 1 and "design: interleaved ABBA" in out and " REGRESSION " in out
     assert (res / "regress-te-2.9-vs-te-2.10.md").exists()
+
+
+def test_a_failed_trial_drops_its_own_pair_only():
+    """Paired trials are matched by their position in the plan (round r's trial of each
+    tag), not by counting the ok ones: a failure in round 2 of the baseline drops round 2's
+    pair, and rounds 3-6 stay paired with their own rounds. Each round drifts 10%; the
+    candidate is 8% slower: paired by round, the 8% is confirmed and every pair reads
+    1.08; paired by counting, later pairs would mix rounds and read 0.98-0.99."""
+    from hcp_tune.outputs.regress import Options, compare
+
+    rows = []
+    for r in range(6):
+        drift = 1 + 0.1 * r
+        rows += rows_for("old", 2, 2, [drift], status="failed" if r == 1 else "ok")
+        rows += rows_for("new", 2, 2, [drift * 1.08])
+    rep = compare(rows, Options(baseline="old", candidate="new", design="interleaved"))
+    (c,) = rep.comparisons
+    assert len(c.base_s) == len(c.cand_s) == 5  # round 2's pair dropped, nothing else
+    assert all(abs(n / b - 1.08) < 1e-9 for b, n in zip(c.base_s, c.cand_s))
+    assert c.verdict == "regression" and rep.spread is None  # the session cancels

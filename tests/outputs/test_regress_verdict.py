@@ -15,7 +15,7 @@ from hcp_tune.outputs.regress.rows import memory_not_measured
 from hcp_tune.outputs.regress.settle import settle, settle_plan, sweep_args, sweep_command
 from hcp_tune.outputs.regress.view import next_steps, summary_line, verdict_text
 
-OPTS = Options(baseline="old", candidate="new")
+OPTS = Options(baseline="old", candidate="new", session_spread=0.0, layout_spread=0.0)
 KEY = ("local", "tiny", 1, 1, 4, 4096, "attention", 1, 1, 1)  # regress.COMPARED: dp, mbs, m last
 LAYOUTS = [(seq, a2a, 8 // a2a) for seq in (4096, 8192, 16384, 32768) for a2a in (1, 2, 4, 8)]
 
@@ -105,7 +105,7 @@ def test_interleaved_pairs_cancel_a_drift_that_one_session_per_tag_cannot():
         rows += rows_for("new", 2, 2, [drift * 1.08])
     paired = compare(rows, Options(baseline="old", candidate="new", design="interleaved"))
     assert paired.comparisons[0].verdict == "regression"
-    assert "design: interleaved ABAB" in summary_line(paired)
+    assert "design: interleaved ABBA" in summary_line(paired)
     assert compare(rows, OPTS).comparisons[0].verdict == "inconclusive"
 
 
@@ -228,14 +228,20 @@ def test_the_settling_sweep_names_only_the_key_fields_off_their_defaults():
 CLEAN = ("pool-1", "pool-2", "pool-3", "pool-4")
 
 
-def test_the_recorded_injected_delay_is_confirmed_on_the_ring_only():
-    """bigdelay-1: HCP_TUNE_INJECT_DELAY=p2p:0.05 slows the ring layout [1,2] several-fold;
-    against all four clean sessions it is a confirmed regression, the sweep exits 1."""
+def test_the_recorded_injected_delay_is_confirmed_only_where_sessions_agree():
+    """bigdelay-1: HCP_TUNE_INJECT_DELAY=p2p:0.05 slows the ring layout [1,2] several-fold.
+    One session per tag on the loaded 2-core machine, whose sessions differ by up to 3x
+    (the local profile's S=42%): two layouts cannot tell that from a session, so it is
+    INCONCLUSIVE; where sessions agree within 2% it is a confirmed regression, exit 1."""
     rows = retag(pool_rows(*CLEAN), "clean") + pool_rows("bigdelay-1")
-    rep = compare(rows, Options(baseline="clean", candidate="bigdelay-1"))
-    verdicts = {c.layout: c.verdict for c in rep.comparisons}
-    assert verdicts["[1,2]"] == "regression" and rep.exit_code == 1
-    assert any("HCP_TUNE_INJECT_DELAY=p2p:0.05" in w for w in rep.warnings)
+    loaded = compare(rows, Options(baseline="clean", candidate="bigdelay-1"))
+    assert {c.layout: c.verdict for c in loaded.comparisons}["[1,2]"] == "inconclusive"
+    assert loaded.spread.source == "cluster profile local" and loaded.spread.session == 0.42
+    quiet = compare(rows, Options(baseline="clean", candidate="bigdelay-1",
+                                  session_spread=0.02, layout_spread=0.0))
+    assert {c.layout: c.verdict for c in quiet.comparisons}["[1,2]"] == "regression"
+    assert quiet.exit_code == 1
+    assert any("HCP_TUNE_INJECT_DELAY=p2p:0.05" in w for w in quiet.warnings)
 
 
 # ---------------------------------------------------------------- search.purpose

@@ -15,7 +15,7 @@ from hcp_tune.outputs.regress.rows import RegressError
 from hcp_tune.spec import atomic_write_text
 
 OPTION_KEYS = ("baseline", "candidate", "results_dir", "cluster", "model", "threshold",
-               "mem_threshold", "alpha", "ci", "max_trials")
+               "mem_threshold", "alpha", "ci", "max_trials", "session_spread", "layout_spread")
 REGRESS_KEYS = OPTION_KEYS + ("settle", "candidate_args", "baseline_args", "paired")
 REPORT_KEYS = ("results_dir", "env_tag", "cluster", "model", "out")
 
@@ -60,6 +60,20 @@ def _rows(results_dir: Path, env_tags: Optional[set[str]] = None) -> list[dict]:
     return rows
 
 
+def history_rows(results_dir: Path, env_tags: set[str]) -> list[dict]:
+    """The rows other tags stored for the keys ``env_tags`` measured (the folders of those
+    keys only): the sessions ``spread.from_history`` may learn S and L from."""
+    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.outputs.regress.rows import COMPARED
+
+    store = ResultStore(results_dir)
+    keys = store.folder_keys()
+    same = lambda k: tuple(getattr(k, f) for f in COMPARED)  # noqa: E731
+    mine = {same(k) for k in keys.values() if str(k.env_tag) in env_tags}
+    return [r for slug, k in keys.items() if str(k.env_tag) not in env_tags
+            and same(k) in mine for r in store.slug_rows(slug)]
+
+
 def _flag(args: dict[str, str], key: str, default: bool) -> bool:
     value = args.get(key, str(default)).lower()
     if value not in ("true", "false"):
@@ -79,6 +93,7 @@ def slug(text: str) -> str:
 
 def options(a: dict[str, str], design: str = "sessions"):
     import hcp_tune.outputs.regress.model as model
+    from hcp_tune.outputs.regress.spread import parse_fraction
 
     missing = [k for k in ("baseline", "candidate") if k not in a]
     if missing:
@@ -89,7 +104,9 @@ def options(a: dict[str, str], design: str = "sessions"):
         model=a.get("model"), threshold=_number(a, "threshold", 0.05),
         mem_threshold=_number(a, "mem_threshold", 0.05), alpha=_number(a, "alpha", 0.05),
         ci=_number(a, "ci", 0.95), design=design,
-        max_trials=_number(a, "max_trials", model.MAX_TRIALS, int))
+        max_trials=_number(a, "max_trials", model.MAX_TRIALS, int),
+        session_spread=parse_fraction(a, "session_spread"),
+        layout_spread=parse_fraction(a, "layout_spread"))
 
 
 def report_stem(results_dir: Path, baseline: str, candidate: str) -> Path:

@@ -14,6 +14,7 @@ from hcp_tune.outputs.regress.args import (
     REPORT_KEYS,
     _flag,
     _rows,
+    history_rows,
     options,
     parse_args,
     slug,
@@ -63,7 +64,8 @@ def cmd_regress(args: list[str]) -> int:
                 raise RegressError(f"{key}={a[key]}: only used with settle=true (the sweeps "
                                    "that settle inconclusive layouts); add settle=true")
         try:
-            report = model.compare(_rows(results_dir, tags), opts)
+            report = model.compare(_rows(results_dir, tags), opts,
+                                   history=history_rows(results_dir, tags))
         except RegressError:  # raised again from every row: the message lists every tag there
             report = model.compare(_rows(results_dir), opts)
     return write_report(report, results_dir)

@@ -11,7 +11,7 @@ a pure function of the rows, so the verdicts are tested on recorded rows.
 - **Design.** ``sessions`` (the default): each tag measured in its own session; the common
   shift then holds the session effect as well as a release-wide change, and the output
   says so. ``interleaved`` (``regress run``, or ``paired=true``): the tags' trials
-  alternated ABAB in one allocation; the r-th trial of each tag form a pair and the session
+  alternated ABBA in one allocation; the r-th trial of each tag form a pair and the session
   effect cancels in the pair's difference.
 - **Memory**: judged only where both tags' rows hold a per-trial device reading
   (``rows.memory_not_measured``), with the same model, interval and trials as time.
@@ -24,12 +24,13 @@ a pure function of the rows, so the verdicts are tested on recorded rows.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from hcp_tune.errors import EXIT_FINDINGS, EXIT_INCONCLUSIVE, EXIT_OK
 from hcp_tune.noise import noise, percentile
 import hcp_tune.outputs.regress.stats as stats
+from hcp_tune.outputs.regress.spread import Spread, resolve
 from hcp_tune.outputs.regress.rows import (
     COMPARED,
     RegressError,
@@ -38,6 +39,7 @@ from hcp_tune.outputs.regress.rows import (
     injected_warnings,
     key_text,
     memory_not_measured,
+    position,
     row_key,
     usable,
 )
@@ -50,8 +52,9 @@ ADVICE_NIGHTS = 60  # simulated nights behind an INCONCLUSIVE layout's trials ad
 METHOD = (
     "unit: the trial (its median step, warm-up discarded), >= {min} ok, verified trials per "
     "layout and tag; per layout the change d = log ratio of the tags' geometric means "
-    "({design}); night = common shift (median of d, random-effects s.e.) + per-layout "
-    "deviations, noise pooled across layouts (empirical-Bayes moderated variances); "
+    "({design}); night = common shift (the level of the layouts most plausibly unchanged, "
+    "tested against the session spread) + per-layout deviations (with the layout x "
+    "session spread), noise pooled across layouts (empirical-Bayes moderated variances); "
     "REGRESSION / UNEXPECTED IMPROVEMENT when Holm's correction over all {tests} tests "
     "(layouts x time and memory, and the shifts) rejects 'no change' at family-wise "
     "rate {alpha:g} AND the estimate is beyond the threshold; ok when the {level:g}% "
@@ -70,6 +73,9 @@ class Options:
     ci: float = stats.LEVEL  # the intervals' coverage
     max_trials: int = MAX_TRIALS  # an inconclusive layout needing more is "about the bound"
     design: str = "sessions"  # sessions | interleaved (pairs the r-th trials of each tag)
+    session_spread: Optional[float] = None  # S; None: learned or the profile's (spread.py)
+    layout_spread: Optional[float] = None  # L; likewise
+    spread: Optional[Spread] = None  # what ``compare`` resolved them to, and from where
 
     def __post_init__(self) -> None:
         for name in ("threshold", "mem_threshold"):
@@ -88,6 +94,11 @@ class Options:
                                f"{MIN_TRIALS} (regress needs {MIN_TRIALS} trials per tag)")
         if self.design not in DESIGNS:
             raise RegressError(f"design={self.design}: expected one of {', '.join(DESIGNS)}")
+        for name in ("session_spread", "layout_spread"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and 0 <= value < 1):
+                raise RegressError(f"{name}={value}: expected a relative standard deviation, "
+                                   f"a fraction in [0, 1), e.g. {name}=0.01 (1%)")
         if self.baseline == self.candidate:
             raise RegressError(f"baseline={self.baseline} and candidate={self.candidate} are the "
                                "same tag: compare two env tags")
@@ -162,6 +173,8 @@ class Comparison:
     noise: float = 0.0  # the night's typical per-trial relative spread of step time
     tests: int = 0  # the Holm family's size
     alpha: float = stats.ALPHA  # the family-wise rate this look spent (settle: less)
+    spread: Optional[Spread] = None  # S and L used (None: interleaved, they cancel)
+    shift_from: int = 0  # the layouts the step-time shift was read from (its reference group)
 
     @property
     def comparisons(self) -> list[LayoutComparison]:
@@ -218,12 +231,17 @@ def _memory(base_ok: list[dict], cand_ok: list[dict]) -> dict[str, Any]:
     return dict(base_mem=bm, cand_mem=cm, mem_ratio=_median(cm) / _median(bm))
 
 
-def measured_layout(key: tuple, base_rows: list[dict], cand_rows: list[dict]) -> LayoutComparison:
-    """One layout's numbers (no verdict yet, but ``failing``: no candidate trial ended ok)."""
+def measured_layout(key: tuple, base_rows: list[dict], cand_rows: list[dict],
+                    paired: bool = False) -> LayoutComparison:
+    """One layout's numbers (no verdict yet, but ``failing``: no candidate trial ended ok);
+    ``paired``: only the pairs of trials at the same position whose both trials count."""
     first = (base_rows or cand_rows)[0]
-    base_ok, cand_ok = [r for r in base_rows if usable(r)], [r for r in cand_rows if usable(r)]
-    order = lambda rs: sorted(rs, key=lambda r: str(r.get("trial_id", "")))  # noqa: E731
-    base_ok, cand_ok = order(base_ok), order(cand_ok)  # the pairs of an interleaved run
+    base_rows, cand_rows = sorted(base_rows, key=position), sorted(cand_rows, key=position)
+    if paired:  # the j-th trial of each tag ran in round j: a failed one drops its pair only
+        pairs = [(b, c) for b, c in zip(base_rows, cand_rows) if usable(b) and usable(c)]
+        base_ok, cand_ok = [b for b, _ in pairs], [c for _, c in pairs]
+    else:
+        base_ok, cand_ok = [r for r in base_rows if usable(r)], [r for r in cand_rows if usable(r)]
     b = tuple(float(r["median_s"]) for r in base_ok)
     c = tuple(float(r["median_s"]) for r in cand_ok)
     common = dict(key=key, a2a=int(first["a2a"]), p2p=int(first["p2p"]),
@@ -245,7 +263,9 @@ def judge(layouts: list[LayoutComparison], opts: Options,
     weighed = [c for c in timed if c.base_mem]
     if not timed:
         return layouts, dict(alpha=alpha)
-    nights = [stats.night([stats.change(c.base_s, c.cand_s, paired) for c in timed])]
+    spread = None if paired else opts.spread
+    s, lay = (spread.session, spread.layout) if spread else (0.0, 0.0)
+    nights = [stats.night([stats.change(c.base_s, c.cand_s, paired) for c in timed], s, lay)]
     if weighed:
         nights.append(stats.night([stats.change(c.base_mem, c.cand_mem, paired)
                                    for c in weighed]))
@@ -265,15 +285,18 @@ def judge(layouts: list[LayoutComparison], opts: Options,
         if "inconclusive" in (e.verdict, fields.get("mem_verdict")):
             fields["needed"] = _needed(c, e if e.verdict == "inconclusive" else m,
                                        nights[0].s0 if e.verdict == "inconclusive"
-                                       else nights[1].s0, opts, tests, len(timed))
-        out.append(_replace(c, **fields))
+                                       else nights[1].s0, opts, tests, len(timed),
+                                       nights[0].layout_sd if e.verdict == "inconclusive"
+                                       else 0.0)
+        out.append(replace(c, **fields))
     extra = dict(shift=nights[0].shift, noise=nights[0].s0, tests=tests, alpha=alpha,
+                 spread=spread, shift_from=len(nights[0].reference),
                  mem_shift=nights[1].shift if weighed else None)
     return out, extra
 
 
 def _needed(c: LayoutComparison, e: stats.Estimate, sd: float, opts: Options, tests: int,
-            layouts: int) -> Optional[int]:
+            layouts: int, layout_sd: float = 0.0) -> Optional[int]:
     """Trials per tag that would settle an inconclusive estimate with 80% power at the
     design's family-wise rate: confirm it when its size is beyond the threshold, clear it
     when inside; None beyond max_trials."""
@@ -284,19 +307,14 @@ def _needed(c: LayoutComparison, e: stats.Estimate, sd: float, opts: Options, te
                              size)
         n = stats.trials_for_power(size, math.ceil(sd * 200) / 200, opts.threshold,
                                    opts.alpha, tests, layouts, cap=opts.max_trials,
-                                   nights=ADVICE_NIGHTS)
+                                   nights=ADVICE_NIGHTS, layout_sd=layout_sd)
     else:
-        n = stats.trials_to_clear(size, sd, opts.threshold, opts.ci, cap=opts.max_trials)
+        n = stats.trials_to_clear(size, sd, opts.threshold, opts.ci, cap=opts.max_trials,
+                                  layout_sd=layout_sd)
     have = max(len(c.base_s), len(c.cand_s))
     if n is not None and n <= have:
         n = have + max(2, have // 2)  # the plan says this is enough: the draw was unlucky
     return n if n is not None and n <= opts.max_trials else None
-
-
-def _replace(c: LayoutComparison, **fields: Any) -> LayoutComparison:
-    from dataclasses import replace
-
-    return replace(c, **fields)
 
 
 def _winner(groups: dict[int, list[dict]]) -> Optional[tuple[str, float, float]]:
@@ -328,10 +346,11 @@ def _pruned(rows: list[dict]) -> int:
     return sum(1 for r in rows if r.get("status") == "pruned")
 
 
-def compare(rows: list[dict[str, Any]], opts: Options,
-            alpha: Optional[float] = None) -> Comparison:
+def compare(rows: list[dict[str, Any]], opts: Options, alpha: Optional[float] = None,
+            history: Optional[list[dict[str, Any]]] = None) -> Comparison:
     """Every key and layout measured under both tags; ``RegressError`` for bad input.
-    ``alpha``: the family-wise rate this look may spend (``settle``'s looks spend less)."""
+    ``alpha``: the family-wise rate this look may spend (``settle``'s looks spend less);
+    ``history``: rows of other tags the session spreads may be learned from."""
     rows = _filtered(rows, opts)
     tags = sorted({str(r.get("env_tag")) for r in rows})
     missing = [t for t in (opts.baseline, opts.candidate) if t not in tags]
@@ -365,7 +384,8 @@ def compare(rows: list[dict[str, Any]], opts: Options,
                 too_few.append(f"{key_text(key)} [{first['a2a']},{first['p2p']}] "
                                f"({opts.baseline}: {nb}, {opts.candidate}: {nc})")
                 continue
-            layouts.append(measured_layout(key, base[key][a2a], cand[key][a2a]))
+            layouts.append(measured_layout(key, base[key][a2a], cand[key][a2a],
+                                           opts.design == "interleaved"))
         per_key.append((key, layouts))
     if too_few:
         why = (f"; {pruned} of their trials were pruned (stopped early): a pruned trial is "
@@ -376,12 +396,18 @@ def compare(rows: list[dict[str, Any]], opts: Options,
             f"under each tag; {'; '.join(too_few)}{why}; measure again with "
             f"search.purpose=regress search.repeats={MIN_TRIALS} (never early-stops) and "
             "the same env_tag")
+    chosen = [r for r in rows if r.get("env_tag") in (opts.baseline, opts.candidate)
+              and row_key(r) in set(common)]
+    if opts.design == "sessions":
+        known = {id(r) for r in rows}
+        opts = replace(opts, spread=resolve(
+            (opts.session_spread, opts.layout_spread),
+            rows + [r for r in _filtered(history or [], opts) if id(r) not in known],
+            opts.candidate, {str(r.get("cluster")) for r in chosen}))
     judged, extra = judge([c for _, ls in per_key for c in ls], opts, alpha)
     it = iter(judged)
     keys = [_key(key, tuple(next(it) for _ in ls), base[key], cand[key]) for key, ls in per_key]
     report = Comparison(opts, keys, **extra)
-    chosen = [r for r in rows if r.get("env_tag") in (opts.baseline, opts.candidate)
-              and row_key(r) in set(common)]
     report.warnings = injected_warnings(chosen) + drift_warnings(chosen)
     uncompared = sorted(set(base) ^ set(cand), key=str)
     if uncompared or one_sided:

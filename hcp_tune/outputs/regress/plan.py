@@ -1,5 +1,5 @@
 """``regress power`` (how many trials per tag a change needs) and ``regress run`` (both tags
-measured interleaved, ABAB, so that the session effect cancels).
+measured interleaved, ABBA, so that the session effect and a linear drift cancel).
 
 ``regress power effect=0.07 [noise=0.02] [layouts=48] [threshold=0.05] [alpha=0.05]``
 prints the trials per tag that confirm a change of ``effect`` with 80% power under the
@@ -10,12 +10,14 @@ the noise, when not given, is the pooled per-trial spread of the stored trials
 ``benchmarks/regress_error_rates.py`` checks the answer by simulating the rule itself.
 
 ``regress run baseline=A candidate=B baseline_args='...' candidate_args='...' trials=5``
-alternates the two tags round by round: round r runs one sweep of A to ``search.repeats=r``
-then one of B (each adds one trial of every layout of the key), so A's and B's r-th trials
-run back to back. Run it inside one allocation (``salloc``/``sbatch`` with
+alternates the two tags round by round (``run_order``: ABBA): round r runs one sweep of each
+tag to ``search.repeats=r`` (each adds one trial of every layout of the key), A first in odd
+rounds and B first in even ones, so A's and B's r-th trials run back to back and a linear
+drift favours neither. Run it inside one allocation (``salloc``/``sbatch`` with
 ``executor=local``, or the te_regression preset's ``executor=local`` overrides) and both
 tags share the nodes too; with ``executor=slurm`` each sweep submits its own jobs and only
-the time drift cancels. The analysis pairs the r-th trials (``design=interleaved``).
+the time drift cancels. The analysis pairs the r-th trials (``design=interleaved``), by
+their position in the key's plan: a failed trial drops its own pair only.
 """
 from __future__ import annotations
 
@@ -113,8 +115,17 @@ def cmd_power(args: list[str]) -> int:
     return 0
 
 
+def run_order(baseline: str, candidate: str, trials: int) -> list[tuple[int, str]]:
+    """(round, tag) in the order ``regress run`` sweeps them: ABBA (round r runs the
+    baseline first when r is odd, the candidate first when r is even), so a drift through
+    the allocation that is linear in time cancels over every two rounds instead of always
+    favouring the tag that runs first."""
+    return [(r, tag) for r in range(1, trials + 1)
+            for tag in ((baseline, candidate) if r % 2 else (candidate, baseline))]
+
+
 def cmd_run(args: list[str]) -> int:
-    """Both tags measured round by round (ABAB), then the paired comparison."""
+    """Both tags measured round by round (ABBA), then the paired comparison."""
     import hcp_tune.outputs.regress.model as model
 
     a = parse_args("regress run", args, RUN_KEYS)
@@ -132,17 +143,16 @@ def cmd_run(args: list[str]) -> int:
     extra = {opts.baseline: split_args(a, "baseline_args", results_dir),
              opts.candidate: split_args(a, "candidate_args", results_dir)}
     if not _flag(a, "analyse_only", False):
-        for r in range(1, trials + 1):
-            for tag in (opts.baseline, opts.candidate):
-                args_r = ["sweep", *extra[tag], f"env_tag={tag}", f"search.repeats={r}",
-                          "search.purpose=regress"]
-                print(f"regress run: round {r} of {trials}, {tag}: python -m hcp_tune "
-                      + " ".join(args_r))
-                rc = run_sweep(args_r)
-                if rc != 0:
-                    raise RegressError(
-                        f"regress run: the sweep of {tag} in round {r} exited {rc} (its error "
-                        "above); the trials stored so far are kept: fix it and run again (a "
-                        "sweep resumes), or analyse them with analyse_only=true")
+        for r, tag in run_order(opts.baseline, opts.candidate, trials):
+            args_r = ["sweep", *extra[tag], f"env_tag={tag}", f"search.repeats={r}",
+                      "search.purpose=regress"]
+            print(f"regress run: round {r} of {trials}, {tag}: python -m hcp_tune "
+                  + " ".join(args_r))
+            rc = run_sweep(args_r)
+            if rc != 0:
+                raise RegressError(
+                    f"regress run: the sweep of {tag} in round {r} exited {rc} (its error "
+                    "above); the trials stored so far are kept: fix it and run again (a "
+                    "sweep resumes), or analyse them with analyse_only=true")
     report = model.compare(_rows(results_dir, {opts.baseline, opts.candidate}), opts)
     return write_report(report, results_dir)

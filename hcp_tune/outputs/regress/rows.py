@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Mapping, Optional
 
 from hcp_tune.engine.records import OLDER_ROW_DEFAULTS, key_field
@@ -24,6 +25,17 @@ DEVICE_MEMORY_NOTES = ("torch.cuda.", "max_memory_allocated", "max_memory_reserv
                        "device memory used")
 
 
+
+
+_NUMBER = re.compile(r"-t(\d+)(?:-|$)")
+
+
+def position(row: dict[str, Any]) -> tuple:
+    """A trial's place in its key's plan: the number in its ``trial_id`` (``<slug>-t<n>-a<a2a>``,
+    the optuna trial number), so trial 1000 follows 999; a foreign id sorts first, by text."""
+    tid = str(row.get("trial_id", ""))
+    m = _NUMBER.search(tid)
+    return (int(m.group(1)), tid) if m else (-1, tid)
 
 
 class RegressError(HcpError):

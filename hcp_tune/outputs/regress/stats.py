@@ -4,26 +4,33 @@ of one comparison; docs/regress.md explains the rules and their measured error r
 
 **The model** (on the log scale, one comparison = one "night"): layout ``i``'s change
 ``d_i = mean(log cand) - mean(log base)`` (or, paired, the mean of the pairs' differences)
-is ``mu + delta_i + e_i``: a **common shift** ``mu`` shared by every layout (a release-wide
-change, or the session the tag ran in), a **per-layout deviation** ``delta_i`` from it, and
-measurement error ``e_i``.
+is ``mu + delta_i + e_i``: a **common shift** ``mu`` (the sessions the tags ran in, and a
+release-wide change), a **per-layout deviation** ``delta_i`` (what the release did to that
+layout, and its own meeting with the sessions), and measurement error ``e_i``.
 
 - **Partial pooling of the noise.** Each layout's within-tag variance has few degrees of
   freedom (8 at 5 trials per tag). It is shrunk toward the night's typical variance by the
   empirical-Bayes rule of limma's moderated t (Smyth 2004): a scaled inverse-chi-square
   prior whose scale ``s0^2`` and degrees of freedom ``d0`` are estimated from all layouts'
   variances; the posterior variance ``(d0 s0^2 + d s^2) / (d0 + d)`` has ``d0 + d`` degrees
-  of freedom. A layout noisier than the rest keeps much of its own variance.
-- **The common shift** is the median of the ``d_i`` (a few deviating layouts do not move
-  it), with a random-effects standard error: the spread of true deviations ``tau^2``
-  (robust: the MAD of ``d_i`` squared, less the typical measurement variance) added to each
-  layout's variance, times pi/2 for the median. Needs ``POOL_MIN`` layouts; with fewer, no
-  shift is separated and each layout is judged on its whole change.
-- **Deviations** ``d_i - mu`` have variance ``v_i + se(mu)^2 + tau^2`` and a t
-  distribution on the moderated degrees of freedom: a layout is flagged when it stands out
-  from the night's spread of deviations, not merely from its own trials' noise. One
-  session per tag, each layout also meets the session in its own way (a layout x session
-  effect that no number of trials in that session averages away); ``tau`` holds it.
+  of freedom. A layout implausibly noisy for that prior keeps its own variance and degrees
+  of freedom, unshrunk (``moderate(outliers=True)``, as the ranking's).
+- **The session spreads** (``spread.py``): with one session per tag, the two tags' shifts
+  differ by N(0, 2 S^2) and each layout's change by N(0, 2 L^2) more, with no release
+  change at all. S and L are given, learned from the folder's history or the cluster
+  profile's; both are 0 for interleaved pairs (the session cancels).
+- **The common shift** is the level of the **reference group**: the layouts most plausibly
+  unchanged (``reference_group``). The changes ``d_i`` gather at one or more levels (a
+  release that slowed every a2a > 1 layout leaves the a2a = 1 layouts at the session's
+  level and the rest 7% above); of the distinct levels held by at least an eighth of the
+  layouts, the one most plausible as a pure session shift, N(0, 2 S^2), is the reference.
+  Its estimate is the weighted mean of its layouts' ``d_i`` (weights ``1 / (v_i + 2
+  L^2)``); tested against 0 with variance ``2 S^2 + var(reference)``, so a release that
+  slows every layout is one REGRESSION of the release. Needs ``POOL_MIN`` layouts; with
+  fewer, each layout is judged on its whole change, variance ``v_i + 2 S^2 + 2 L^2``.
+- **Deviations** ``d_i - reference`` have variance ``v_i + 2 L^2 + var(reference)`` and
+  Satterthwaite's degrees of freedom (S and L taken as known, ``v_i`` on the moderated
+  degrees of freedom).
 - **Verdict** of each estimate (the shift, every deviation, for time and memory alike):
   ``regression`` when the test of "no change" is rejected after Holm's step-down
   correction over **every test of the comparison** (all layouts, both metrics, the shifts)
@@ -53,6 +60,8 @@ POWER = 0.8  # the power `regress power` and the INCONCLUSIVE advice plan for
 SIM_NIGHTS = 200  # nights simulated per trial count when planning power
 MEM_SD = 0.002  # per-trial spread of a device memory reading in those simulations
 MEDIAN_EFF = math.pi / 2  # variance of a median of normal estimates / that of their mean
+REF_WINDOW = 2.0  # a layout belongs to a level's group within 2 of its sd of that level
+REF_MIN_SHARE = 1 / 8  # the reference group: at least this share of the layouts
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,9 @@ class Night:
     layouts: tuple[Estimate, ...]
     s0: float  # the night's typical per-trial relative spread (the prior's scale)
     d0: float  # the prior's degrees of freedom (inf: every layout shares one variance)
-    tau: float  # spread of the true per-layout deviations (random-effects estimate)
+    reference: tuple[int, ...] = ()  # the layouts the shift was read from
+    session_sd: float = 0.0  # S used
+    layout_sd: float = 0.0  # L used
 
 
 
@@ -127,24 +138,82 @@ def holm(p: Sequence[float]) -> list[float]:
     return out
 
 
-def night(changes: Sequence[tuple[float, float, float, float]]) -> Night:
-    """The common shift and per-layout deviations (unadjusted p-values, no verdicts yet)
-    of one metric from each layout's ``change``."""
+def night(changes: Sequence[tuple[float, float, float, float]], session_sd: float = 0.0,
+          layout_sd: float = 0.0) -> Night:
+    """The reference level (the common shift) and per-layout deviations (unadjusted
+    p-values, no verdicts yet) of one metric from each layout's ``change``; ``session_sd``
+    and ``layout_sd``: S and L (``spread.py``), 0 where the tags shared their session."""
     d = np.array([c[0] for c in changes], float)
-    post, pdf, s0sq, d0 = moderate([c[1] for c in changes], [c[2] for c in changes])
+    post, pdf, s0sq, d0 = moderate([c[1] for c in changes], [c[2] for c in changes],
+                                   outliers=True)
     v = post * np.array([c[3] for c in changes], float)
+    pdf = np.asarray(pdf, float)
+    w = v + 2 * layout_sd ** 2  # a layout's change around its group's level
+    s2 = 2 * session_sd ** 2  # the two tags' sessions: their shifts differ by N(0, 2 S^2)
     if len(d) < POOL_MIN:
-        ests = tuple(_estimate(float(x), math.sqrt(vi), float(dfi))
-                     for x, vi, dfi in zip(d, v, pdf))
-        return Night(None, ests, math.sqrt(s0sq), d0, 0.0)
-    mu = float(np.median(d))
-    mad = 1.4826 * float(np.median(np.abs(d - mu)))
-    tau2 = max(0.0, mad ** 2 - float(np.median(v)))
-    se_mu = math.sqrt(MEDIAN_EFF * float(np.mean(v + tau2)) / len(d))
-    shift = _estimate(mu, se_mu, float(pdf.sum()))
-    ests = tuple(_estimate(float(x - mu), math.sqrt(vi + se_mu ** 2 + tau2), float(dfi))
-                 for x, vi, dfi in zip(d, v, pdf))
-    return Night(shift, ests, math.sqrt(s0sq), d0, math.sqrt(tau2))
+        ests = tuple(_estimate(float(x), math.sqrt(wi + s2), _df(vi, dfi, wi + s2))
+                     for x, vi, wi, dfi in zip(d, v, w, pdf))
+        return Night(None, ests, math.sqrt(s0sq), d0, (), session_sd, layout_sd)
+    members = reference_group(d, w, s2)
+    weight = 1 / w[members]
+    level = float((d[members] * weight).sum() / weight.sum())
+    var_ref = float(1 / weight.sum())
+    df_ref = float(pdf[members].sum())
+    shift = _estimate(level, math.sqrt(s2 + var_ref), _df(var_ref, df_ref, s2 + var_ref))
+    ests = tuple(_estimate(float(x - level), math.sqrt(wi + var_ref), _df(vi, dfi, wi + var_ref))
+                 for x, vi, wi, dfi in zip(d, v, w, pdf))
+    return Night(shift, ests, math.sqrt(s0sq), d0, tuple(int(i) for i in members),
+                 session_sd, layout_sd)
+
+
+def _df(estimated: float, df: float, total: float) -> float:
+    """Satterthwaite's degrees of freedom of ``total`` = ``estimated`` (on ``df``) + known
+    terms (the spreads S and L are taken as known)."""
+    if estimated <= 0 or not math.isfinite(df):
+        return math.inf
+    return float(min(1e7, df * (total / estimated) ** 2))
+
+
+def groups(d: np.ndarray, w: np.ndarray) -> list[np.ndarray]:
+    """The levels the layouts' changes gather at: from each layout, the set of layouts
+    within ``REF_WINDOW`` standard deviations (``sqrt(w)``) of a level, moved to their
+    weighted mean until the set stops changing (a mean shift); distinct sets, largest
+    first."""
+    found: dict[tuple, np.ndarray] = {}
+    sd = np.sqrt(w)
+    for start in d:
+        level, members = float(start), None
+        for _ in range(50):
+            inside = np.abs(d - level) <= REF_WINDOW * sd
+            if members is not None and (inside == members).all():
+                break
+            members = inside
+            weight = 1 / w[inside]
+            level = float((d[inside] * weight).sum() / weight.sum())
+        idx = np.flatnonzero(members)
+        found[tuple(idx)] = idx
+    return sorted(found.values(), key=len, reverse=True)
+
+
+def reference_group(d: np.ndarray, w: np.ndarray, s2: float) -> np.ndarray:
+    """The layouts the night's common shift is read from: of the groups (``groups``) with at
+    least ``REF_MIN_SHARE`` of the layouts (and ``POOL_MIN``) whose levels are distinct (a
+    smaller group within ``REF_WINDOW`` typical sds of a larger one's level is the same
+    level: never chosen for being nearer 0), the one whose level is most plausible as a
+    pure session shift, N(0, 2 S^2 + its own variance); a release that
+    slowed most layouts leaves the unchanged ones as the reference, one that slowed all of
+    them leaves one group, its shift then tested against 0. No group that large: all."""
+    least = max(POOL_MIN, math.ceil(REF_MIN_SHARE * len(d)))
+    apart = REF_WINDOW * math.sqrt(float(np.median(w)))
+    modes: list[tuple[np.ndarray, float, float]] = []  # distinct levels, largest group first
+    for g in groups(d, w):
+        weight = 1 / w[g]
+        level = float((d[g] * weight).sum() / weight.sum())
+        if len(g) >= least and all(abs(level - m[1]) > apart for m in modes):
+            modes.append((g, level, math.sqrt(s2 + 1 / weight.sum())))
+    if not modes:
+        return np.arange(len(d))
+    return min(modes, key=lambda m: abs(m[1]) / m[2])[0]
 
 
 def _estimate(est: float, se: float, df: float) -> Estimate:
@@ -180,7 +249,8 @@ def judge_all(nights: Sequence[Night], threshold: Sequence[float], alpha: float 
         shift = None
         if n.shift:
             shift, i = judged[i], i + 1
-        out.append(Night(shift, tuple(judged[i:i + len(n.layouts)]), n.s0, n.d0, n.tau))
+        out.append(Night(shift, tuple(judged[i:i + len(n.layouts)]), n.s0, n.d0, n.reference,
+                         n.session_sd, n.layout_sd))
         i += len(n.layouts)
     return out
 
@@ -204,11 +274,13 @@ def power_at(n: int, effect: float, sd: float, threshold: float, alpha: float, t
 
 def simulated_power(n: int, effect: float, sd: float, threshold: float, alpha: float = ALPHA,
                     layouts: int = 48, changed: int = 0, nights: int = SIM_NIGHTS,
-                    seed: int = 0) -> float:
+                    seed: int = 0, session_sd: float = 0.0, layout_sd: float = 0.0) -> float:
     """The share of changed layouts this module's rule confirms: ``nights`` simulated
     nights of ``layouts`` layouts, ``n`` trials per tag with per-trial relative spread
     ``sd``, ``changed`` of them (default one in eight) changed by ``effect``, a memory
-    reading per trial (0.2% spread) judged in the same Holm family as time."""
+    reading per trial (0.2% spread) judged in the same Holm family as time; each tag's
+    session shifts every layout by N(0, ``session_sd``) and each layout by N(0,
+    ``layout_sd``) more, and the rule is told those spreads."""
     rng = np.random.default_rng(seed)
     changed = changed or max(1, round(layouts / 8))
     shift = math.log1p(effect)
@@ -217,8 +289,12 @@ def simulated_power(n: int, effect: float, sd: float, threshold: float, alpha: f
     for _ in range(nights):
         base, cand = rng.normal(0, sd, (2, layouts, n))
         cand[:changed] += shift
+        if session_sd or layout_sd:
+            base += rng.normal(0, session_sd) + rng.normal(0, layout_sd, (layouts, 1))
+            cand += rng.normal(0, session_sd) + rng.normal(0, layout_sd, (layouts, 1))
         mem = rng.normal(0, MEM_SD, (2, layouts, n))
-        judged = judge_all([night(_changes(base, cand)), night(_changes(*mem))],
+        judged = judge_all([night(_changes(base, cand), session_sd, layout_sd),
+                            night(_changes(*mem))],
                            [threshold, threshold], alpha)
         hits += sum(e.verdict == want for e in judged[0].layouts[:changed])
     return hits / (nights * changed)
@@ -237,7 +313,8 @@ def _changes(base: np.ndarray, cand: np.ndarray) -> list[tuple[float, float, flo
 @functools.lru_cache(maxsize=256)
 def trials_for_power(effect: float, sd: float, threshold: float, alpha: float = ALPHA,
                      tests: int = 97, layouts: int = 48, power: float = POWER,
-                     cap: int = 1000, nights: int = SIM_NIGHTS) -> Optional[int]:
+                     cap: int = 1000, nights: int = SIM_NIGHTS, session_sd: float = 0.0,
+                     layout_sd: float = 0.0) -> Optional[int]:
     """The fewest trials per tag (>= 3) at which ``simulated_power`` reaches ``power``;
     None when no number up to ``cap`` does (a change at or within the threshold never is).
     The normal approximation ``power_at`` gives the first guess (it is optimistic: it
@@ -248,7 +325,7 @@ def trials_for_power(effect: float, sd: float, threshold: float, alpha: float = 
     if sd <= 0:
         return 3
     sim = lambda k: simulated_power(k, effect, sd, threshold, alpha, layouts,  # noqa: E731
-                                    nights=nights)
+                                    nights=nights, session_sd=session_sd, layout_sd=layout_sd)
     lo = 3
     while lo < cap and power_at(lo, effect, sd, threshold, alpha, tests, layouts) < power:
         lo += 1
@@ -267,14 +344,20 @@ def trials_for_power(effect: float, sd: float, threshold: float, alpha: float = 
 
 
 def trials_to_clear(effect: float, sd: float, threshold: float, level: float = LEVEL,
-                    power: float = POWER, cap: int = 1000) -> Optional[int]:
+                    power: float = POWER, cap: int = 1000, layout_sd: float = 0.0
+                    ) -> Optional[int]:
     """The fewest trials per tag at which a change of ``effect`` (inside the threshold)
-    gets an interval inside +/- threshold with ``power``; None beyond ``cap``."""
+    gets an interval inside +/- threshold with ``power``; None beyond ``cap``, or when the
+    layout x session spread (``layout_sd``, which no trial averages away) alone is too
+    wide."""
     gap = math.log1p(threshold) - abs(math.log1p(effect))
-    if gap <= 0 or sd <= 0:
-        return None if gap <= 0 else 3
     z = float(special.ndtri(1 - (1 - level) / 2)) + float(special.ndtri(power))
-    n = math.ceil(2 * (z * sd / gap) ** 2)
+    room = (gap / z) ** 2 - 2 * layout_sd ** 2  # what the trials' own noise may use
+    if gap <= 0 or room <= 0:
+        return None
+    if sd <= 0:
+        return 3
+    n = math.ceil(2 * sd ** 2 / room)
     return max(3, n) if n <= cap else None
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from hcp_tune.outputs.regress.model import Comparison, LayoutComparison
-from hcp_tune.outputs.regress.rows import key_text
+from hcp_tune.outputs.regress.rows import COMPARED, key_text
 from hcp_tune.outputs.regress.settle import settle_plan, sweep_command
 from hcp_tune.outputs.regress.stats import Estimate
 
@@ -72,9 +72,70 @@ def shift_lines(report: Comparison) -> list[str]:
     for name, e in report.shifts:
         lo, hi = e.ratio_interval(o.ci)
         limit = o.threshold if name == "step time" else o.mem_threshold
-        out.append(f"common shift of {name} over {len(report.comparisons)} layouts: ratio "
+        read = (f"read from the {report.shift_from} of {len(report.comparisons)} layouts "
+                "at the level most plausibly unchanged" if name == "step time"
+                and 0 < report.shift_from < len(report.comparisons)
+                else f"over {len(report.comparisons)} layouts")
+        out.append(f"common shift of {name} {read}: ratio "
                    f"{e.ratio():.3f} [{lo:.3f}, {hi:.3f}] -> {_shift_verdict(e)} "
                    f"(threshold {pct(limit)}; {cause})")
+    return out
+
+
+def spread_line(report: Comparison) -> str:
+    """The session spreads the verdicts allowed for, and where they came from."""
+    sp = report.spread
+    if sp is None:
+        return ("session spread: not used (the tags' trials were interleaved in one "
+                "session: its effect cancels in each pair)")
+    return (f"{sp.text()}: the tags' common shift may differ by N(0, 2 S^2) and each layout "
+            "by N(0, 2 L^2) more with no release change; a real spread larger than these "
+            "raises false alarms: give session_spread= layout_spread=")
+
+
+NAMED_SHARE = 0.75  # a path is named when its layouts flagged are at least this share of it
+# (a set of layouts sharing a level, its name): the layout levels first, then key fields
+PATHS = (("a2a > 1", lambda c: c.a2a > 1, "the all-to-all path"),
+         ("p2p > 1", lambda c: c.p2p > 1, "the ring (p2p) path"),
+         ("a2a = 1", lambda c: c.a2a == 1, "the pure ring layouts"),
+         ("p2p = 1", lambda c: c.p2p == 1, "the pure all-to-all layouts"))
+
+
+def _descriptions(layouts: list[LayoutComparison]):
+    yield from PATHS
+    for level in ("a2a", "p2p"):
+        for value in sorted({getattr(c, level) for c in layouts}):
+            yield (f"{level}={value}", lambda c, f=level, v=value: getattr(c, f) == v,
+                   f"{level}={value}")
+    for i, name in enumerate(COMPARED):
+        for value in sorted({c.key[i] for c in layouts}, key=str):
+            yield (f"{name}={value}", lambda c, i=i, v=value: c.key[i] == v, f"{name}={value}")
+
+
+def shared_levels(report: Comparison) -> list[str]:
+    """Where the layouts flagged in one direction all belong to one path or key field and
+    make up most of it (``NAMED_SHARE``), one line that names it: the smallest such set,
+    with the whole change of every layout in it (e.g. "every layout with a2a > 1 slowed
+    6-8% (36 of 36 confirmed): the all-to-all path")."""
+    judged = [c for c in report.comparisons if c.est is not None]
+    out = []
+    for verdict, verb in (("regression", "slowed"), ("improvement", "sped up")):
+        hit = {id(c) for c in judged if c.verdict == verdict}
+        if len(hit) < 2:
+            continue
+        fits = []
+        for text, test, name in _descriptions(judged):
+            members = [c for c in judged if test(c)]
+            if (hit <= {id(c) for c in members} and len(members) < len(judged)
+                    and len(hit) >= NAMED_SHARE * len(members)):
+                fits.append((len(members), text, name, members))
+        if fits:
+            _, text, name, members = min(fits, key=lambda f: f[0])
+            sizes = sorted(abs(c.ratio - 1) * 100 for c in members)
+            span = (f"{sizes[0]:.0f}%" if round(sizes[0]) == round(sizes[-1])
+                    else f"{sizes[0]:.0f}-{sizes[-1]:.0f}%")
+            out.append(f"every layout with {text} {verb} {span} ({len(hit)} of "
+                       f"{len(members)} confirmed): {name}")
     return out
 
 
@@ -103,6 +164,12 @@ def next_steps(report: Comparison) -> list[str]:
             out.append(f"{key_text(c.key)} {c.layout}: inconclusive, and the change is about "
                        f"the size of the threshold ({pct(o.threshold)}): more than "
                        f"{o.max_trials} trials per tag would be needed (max_trials=)")
+    for name, e in report.shifts:
+        if e.verdict == "inconclusive" and name == "step time" and report.spread:
+            out.append(f"the common shift of {name} is inconclusive: two sessions may differ "
+                       f"by N(0, 2 S^2) (S={report.spread.session * 100:.2g}%), which no "
+                       "number of trials in these sessions narrows; measure both tags in one "
+                       "allocation (regress run) or the baseline again beside the candidate")
     reasons: dict[str, list[str]] = {}
     for c in report.comparisons:
         if c.mem_verdict == "n/a" and c.mem_reason:
@@ -129,7 +196,7 @@ def summary_line(report: Comparison) -> str:
                                  for name, e in report.shift_flagged)
     if unsure:
         what += f"; {len(unsure)} inconclusive (measure more)"
-    design = "interleaved ABAB" if o.design == "interleaved" else "one session per tag"
+    design = "interleaved ABBA" if o.design == "interleaved" else "one session per tag"
     return (f"regress {o.baseline} -> {o.candidate}: {what} (threshold {pct(o.threshold)}, "
             f"memory {pct(o.mem_threshold)}, {rate_text(report)}; design: {design}; "
             f"exit {report.exit_code})")
@@ -158,7 +225,8 @@ def print_report(report: Comparison, written: list[str]) -> None:
             table.add_row(*map(escape, row), style="bold red" if c.flagged else
                           "yellow" if c.inconclusive else None)
         out.print(table)
-    say(*(shift_lines(report) + winner_lines(report)))
+    say(*(shift_lines(report) + shared_levels(report) + [spread_line(report)]
+          + winner_lines(report)))
     for line in next_steps(report):
         print(line)  # a command the user copies: never wrapped
     say(*[f"warning: {w}" for w in report.warnings], f"method: {report.method}",
@@ -174,7 +242,8 @@ def _md_escape(text: str) -> str:
 def markdown(report: Comparison) -> str:
     lines = [f"# Regression: {report.options.baseline} (baseline) vs "
              f"{report.options.candidate} (candidate)", "", summary_line(report), ""]
-    lines += ["## Common shift", ""] + [f"- {_md_escape(x)}" for x in shift_lines(report)]
+    lines += ["## Common shift", ""] + [f"- {_md_escape(x)}" for x in shift_lines(report)
+                                        + shared_levels(report) + [spread_line(report)]]
     lines.append("")
     if report.warnings:
         lines += ["## Warnings", ""] + [f"- {_md_escape(w)}" for w in report.warnings] + [""]
