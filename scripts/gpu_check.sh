@@ -7,8 +7,10 @@
 #   scripts/gpu_check.sh            # TE on the GPUs (profile dgx-h100: --cluster NAME)
 #   scripts/gpu_check.sh --cpu      # the same trials with the torch reference on gloo
 #   scripts/gpu_check.sh --one-gpu  # what one GPU can check (the default with 1-3 GPUs)
-#   scripts/gpu_check.sh --first-session  # the first GPU session's checks, in order (<10 min)
-#   scripts/gpu_check.sh --dry      # that sequence on CPU: what each step would run and proves
+#   scripts/gpu_check.sh --first-session  # the first GPU session on one 8-GPU node, inside
+#                                   # this allocation: steps side by side, 600 s deadline,
+#                                   # results in ./gpu-check-<time>, a summary to paste
+#   scripts/gpu_check.sh --dry      # that plan on CPU: each step's GPUs, estimate, the total
 # Works from any folder. Python: $PYTHON if set, else the repo's .venv, else python3.
 # The logic is hcp_tune/gpucheck/ (tested by tests/gpucheck/test_gpu_check.py).
 set -euo pipefail

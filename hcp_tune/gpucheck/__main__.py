@@ -13,20 +13,24 @@ it was skipped.
 With 1-3 GPUs (or ``--one-gpu``) it runs what one GPU can check instead
 (``gpucheck.single``: the device binding, TE's import and backend choice, a Bridge run at
 cp=1 with the callbacks) and says what it could not check.
-``--first-session`` runs the checks a first GPU session must run, in order
-(``gpucheck.session``: imports, the one-GPU checks, a 32K Bridge run with and without the
-S x S mask, the recorder against Bridge's log, the fit at m = 1, 3, 9; with 4-8 GPUs the
-cp=4 guard, the misconfiguration negatives, pp=2 at m = 2, 6, 18 and one GPU per task);
-``--dry`` walks that sequence on CPU, building every step's trials and printing what it
-would run and what it proves.
+``--first-session`` runs the first GPU session on one 8-GPU node inside the allocation the
+user holds (``gpucheck.session``: its steps; ``gpucheck.schedule``: one-GPU steps anywhere,
+four-GPU steps on GPUs 0-3 and 4-7 side by side, each step its own process, one deadline,
+``--deadline-s``, default 600 s, that stops what it started), into its own folder
+(``./gpu-check-<time>``, or ``--workdir``), with a PASS/FAIL line per step and a summary to
+paste into a bug report. ``--dry`` prints that plan on CPU for one 8-GPU node: every step
+built, with its GPUs, its estimate and the estimated total. This process starts no CUDA
+context: the GPUs are counted with nvidia-smi, and every check's context lives in a child.
 Exit 0 when every layout passes, 1 otherwise, 2 for bad arguments.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -34,10 +38,35 @@ from hcp_tune.gpucheck import bridge as gpucheck_bridge
 from hcp_tune.gpucheck.attention import CP, CPU, GPU, LAYOUTS, build_specs, verdict
 
 
-def gpu_count() -> int:
-    import torch
+def _smi(*query: str) -> list[str]:
+    """``nvidia-smi`` lines (no CUDA context in this process); [] without it."""
+    import subprocess
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        out = subprocess.run(["nvidia-smi", *query], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
+
+
+def gpu_count() -> int:
+    """The GPUs this process may use, counted without starting CUDA here: the checks'
+    CUDA contexts live in their own processes (``CUDA_VISIBLE_DEVICES`` narrows it)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = len(_smi("--list-gpus"))
+    if visible is not None:
+        return min(count, len([v for v in visible.split(",") if v.strip()]))
+    return count
+
+
+def gpu_names() -> str:
+    """``8 x NVIDIA H100 80GB HBM3, driver 550.54``, from nvidia-smi."""
+    rows = _smi("--query-gpu=name,driver_version", "--format=csv,noheader")
+    if not rows:
+        return ""
+    names = [r.split(",")[0].strip() for r in rows]
+    return (f"{len(names)} x {names[0]}" + (" (mixed)" if len(set(names)) > 1 else "")
+            + f", driver {rows[0].split(',')[-1].strip()}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -57,11 +86,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--first-session", action="store_true",
                     help="the first GPU session's checks, in order (gpucheck.session)")
     ap.add_argument("--dry", action="store_true",
-                    help="walk the first-session sequence on CPU: build every step, print "
-                    "what it would run and prove")
+                    help="the first-session plan on CPU for one 8-GPU node: every step built, "
+                    "with its GPUs, its estimate and the total")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="--first-session: stop every step still running after this many "
+                    "seconds (default 600)")
     args = ap.parse_args(argv)
+    if args.deadline_s is not None and args.deadline_s <= 0:
+        ap.error(f"--deadline-s={args.deadline_s:g}: expected seconds > 0, e.g. 600")
     if args.dry or args.first_session:
-        return _first_session(args.cluster or GPU.cluster, args.workdir, dry=args.dry)
+        from hcp_tune.gpucheck.session import DEADLINE_S
+
+        return _first_session(args.cluster or GPU.cluster, args.workdir, dry=args.dry,
+                              deadline_s=args.deadline_s or DEADLINE_S)
     mode = CPU if args.cpu else GPU
     mode = dataclasses.replace(mode, cluster=args.cluster or mode.cluster,
                                seq=args.seq or mode.seq)
@@ -99,22 +136,88 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0 if passed == len(verdicts) else 1
 
 
-def _first_session(cluster: str, workdir: Optional[str], *, dry: bool) -> int:
-    """The first GPU session's sequence (``gpucheck.session``); ``dry``: on CPU, built and
-    printed. Exit 0 when every check that ran passed (dry: every step was built)."""
-    from hcp_tune.gpucheck import session
+def _first_session(cluster: str, workdir: Optional[str], *, dry: bool,
+                   deadline_s: float) -> int:
+    """The first GPU session (``gpucheck.session`` steps placed by ``gpucheck.schedule``);
+    ``dry``: every step built on CPU and the plan printed for one 8-GPU node."""
+    import textwrap
 
-    folder = Path(workdir or tempfile.mkdtemp(prefix="hcp-gpu-check-")).resolve()
-    gpus = 0 if dry else gpu_count()
-    print(f"gpu-check: first-session{' dry run (CPU)' if dry else ''}: {gpus} GPU(s), "
-          f"profile {cluster}", flush=True)
-    print(f"gpu-check: logs in {folder}", flush=True)
-    lines = session.run(session.Ctx(cluster=cluster, workdir=folder, gpus=gpus), dry=dry,
-                        out=lambda line: print(line, flush=True))
-    passed = sum(ok for ok, _ in lines)
-    print(f"gpu-check: {passed}/{len(lines)} first-session checks pass"
-          + (" (dry: the other steps were built, not run)" if dry else ""))
-    return 0 if passed == len(lines) else 1
+    from hcp_tune.gpucheck import schedule, session
+
+    if dry:
+        folder = Path(workdir or tempfile.mkdtemp(prefix="hcp-gpu-check-")).resolve()
+    else:  # its own folder, beside where it was started: the logs to attach to a report
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        folder = Path(workdir or f"gpu-check-{stamp}").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    gpus = session.NODE_GPUS if dry else gpu_count()
+    plan = schedule.simulate(session.STEPS, gpus)
+    total = max((s.end_s for s in plan), default=0.0)
+    width = max(60, min(100, int(os.environ.get("COLUMNS") or 100)))
+
+    def say(text: str, indent: str = "    ") -> None:
+        print(textwrap.fill(text, width=width, subsequent_indent=indent,
+                            break_on_hyphens=False, break_long_words=False), flush=True)
+
+    print(f"gpu-check: first-session{' dry run (CPU, nothing runs)' if dry else ''}: "
+          f"{gpus} GPU(s){' planned' if dry else ''}, profile {cluster}, deadline "
+          f"{deadline_s:.0f} s", flush=True)
+    print(f"gpu-check: results in {folder}", flush=True)
+    slots = {s.name: s for s in plan}
+    built = 0
+    for i, step in enumerate(session.STEPS, 1):
+        slot = slots.get(step.name)
+        where = (f"GPUs {schedule.gpus_text(slot.gpus)}, estimate {step.estimate_s:.0f} s, at "
+                 f"{slot.start_s:.0f}-{slot.end_s:.0f} s" if slot else
+                 f"needs {step.gpus} GPUs: skipped here")
+        say(f"step {i} {step.name} ({where}): runs {step.runs}; proves {step.proves}")
+        if not dry:
+            continue
+        ctx = session.Ctx(cluster=cluster, workdir=folder / step.name, gpus=step.gpus)
+        try:
+            specs = step.build(ctx) if step.build else []
+            built += 1
+        except Exception as e:  # a step that cannot even be built is what --dry is for
+            say(f"  could not build: {type(e).__name__}: {e}", "      ")
+            continue
+        for spec in specs:
+            say("  would run " + session.describe_spec(spec), "      ")
+    estimate = (f"estimate {total:.0f} s ({total / 60:.1f} min) for {len(plan)} step(s) on "
+                f"{gpus} GPU(s), each step's estimate placed as they run (1-GPU steps on any "
+                "GPU, 4-GPU steps on GPUs 0-3 and 4-7 side by side, 8-GPU steps alone)")
+    say(f"gpu-check: {estimate}; deadline {deadline_s:.0f} s")
+    if dry:
+        print(f"gpu-check: dry: {built}/{len(session.STEPS)} steps built")
+        return 0 if built == len(session.STEPS) else 1
+    t0 = time.monotonic()
+    outcomes = schedule.run(session.STEPS, gpus, folder, cluster, deadline_s,
+                            out=lambda line: say(line))
+    for line in summary(outcomes, folder, gpus, time.monotonic() - t0, deadline_s, total):
+        print(line, flush=True)
+    return 0 if all(o.state in ("PASS", "SKIPPED") for o in outcomes) else 1
+
+
+def summary(outcomes: list, folder: Path, gpus: int, wall_s: float, deadline_s: float,
+            estimate_s: float) -> list[str]:
+    """A block to paste into a bug report: where it ran, on what, each step's verdict."""
+    import platform
+    import socket
+
+    counts = {s: sum(o.state == s for o in outcomes) for s in ("PASS", "FAIL", "SKIPPED",
+                                                               "NOT RUN")}
+    imports = next((o.text for o in outcomes if o.name == "imports"), "not run")
+    head = "----- gpu-check first-session summary (paste into a bug report) -----"
+    return [head,
+            f"host {socket.gethostname()}, Python {platform.python_version()}, "
+            f"{gpus} GPU(s): {gpu_names() or 'nvidia-smi not found'}",
+            f"stack: {imports}",
+            "steps: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+            + f"; wall {wall_s:.0f} s of the {deadline_s:.0f} s deadline (estimate "
+            f"{estimate_s:.0f} s)",
+            *[f"{o.state:7s} {o.name} [GPUs {', '.join(map(str, o.gpus)) or '-'}, "
+              f"{o.wall_s:.0f} s]: {o.text}" for o in outcomes],
+            f"logs: {folder}/<step>/step.log",
+            "-" * len(head)]
 
 
 def _one_gpu(cluster: str, workdir: Optional[str]) -> int:

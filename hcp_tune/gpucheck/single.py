@@ -12,6 +12,9 @@ communication, the HCP groups on NCCL, the CP proof, NCCL across nodes).
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -98,11 +101,30 @@ def check_bridge(cluster: str, workdir: Path) -> tuple[bool, str]:
                  + (f" ({res.error})" if res.error else ""))
 
 
+IN_CHILD = {"binding": check_binding, "te": check_te}
+
+
+def in_child(name: str) -> tuple[bool, str]:
+    """``IN_CHILD[name]`` in a process of its own: its CUDA context (the binding, TE's test
+    attention) ends with it, so it neither holds memory on the GPU during the Bridge run
+    nor counts in that run's device-memory figures."""
+    proc = subprocess.run([sys.executable, "-m", "hcp_tune.gpucheck.single", name],
+                          capture_output=True, text=True, timeout=300)
+    try:
+        ok, line = json.loads(proc.stdout.strip().splitlines()[-1])
+        return bool(ok), str(line)
+    except (IndexError, ValueError):
+        tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+        return _line(name, False, f"its process ended (exit {proc.returncode}): {tail}")
+
+
 def run(cluster: str, workdir: Path, *, checks: tuple[Callable[[], tuple[bool, str]], ...] = ()
         ) -> list[tuple[bool, str]]:
-    """Every one-GPU check (each failing on its own), then what could not be checked."""
+    """Every one-GPU check (each failing on its own), then what could not be checked. The
+    binding and TE checks run in child processes (``in_child``); this process starts no
+    CUDA context."""
     out = []
-    for check in checks or (check_binding, check_te,
+    for check in checks or (lambda: in_child("binding"), lambda: in_child("te"),
                             lambda: check_bridge(cluster, workdir / "bridge")):
         try:
             out.append(check())
@@ -110,3 +132,11 @@ def run(cluster: str, workdir: Path, *, checks: tuple[Callable[[], tuple[bool, s
             out.append(_line(getattr(check, "__name__", "check"), False,
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
     return out
+
+
+if __name__ == "__main__":  # one check, in this process: ``in_child``
+    try:
+        result = IN_CHILD[sys.argv[1]]()
+    except Exception as e:  # a crashed check is a failed check, with its line
+        result = _line(sys.argv[1], False, f"{type(e).__name__}: {str(e)[:200]}")
+    print(json.dumps(list(result)))
