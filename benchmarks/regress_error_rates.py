@@ -1,42 +1,31 @@
 """The error rates of ``regress``'s decision rule, on the design users run: one session per
-tag (and the interleaved design), a nightly matrix of 48 layouts, every verdict from
-``regress.compare`` itself (rows in, verdicts out: the common shift, per-layout deviations,
-Holm over time and memory).
+tag (and the interleaved design of ``regress run``), a nightly matrix of 48 layouts, every
+verdict from ``regress.compare`` itself (rows in, verdicts out).
 
-Two parts:
-
-1. **A simulated nightly matrix** (48 layouts, per-trial medians log-normal with spread
-   sigma, a per-layout GPU memory reading with 0.2% spread, one session per tag: the
-   candidate's session shifts every layout by a common factor). The issue's goals:
-
-   - A/A, shared 3% shift, sigma 3%, 5 trials: a confirmed change on <= 5% of nights;
-   - 6 of 48 layouts slowed 7%, sigma 2%, 10 trials: >= 80% of them confirmed, >= 90% of
-     nights without a false flag;
-   - a uniform 7% slowdown of every layout, sigma 3%, 5 trials: flagged on >= 95% of nights;
-   - ``regress power``'s trials checked by simulating them (within 5 points of its power);
-   - ``settle=true`` (looks at 5, 10, 15, 20 and 30 trials, O'Brien-Fleming spending): the
-     false-alarm rate over all looks within 1.5x the single look's.
-
-   Plus stress rows the goals do not cover (layout-specific session effects).
-
-2. **The recorded CPU pool** (``benchmarks/regress_pool_rows.jsonl``: one code version,
+1. **Simulated nights, one row per regime** (``regress_nights.py``: rows shaped as the
+   store writes them, trials drawn by the synthetic runner's code, its noise kinds and
+   session effects). The issue's goals: k = 6, 12, 24, 36, 48 of 48 layouts slowed 7%
+   (sigma 2%, 10 trials) confirmed >= 80% with >= 90% of nights free of a false flag, the
+   shared level named; every layout slowed: the release flagged on >= 95% of nights; A/A
+   nights (a fixed 3% shift; sessions N(0, S) and N(0, L) with S and L given) flagged on
+   <= 5%; paired ABBA runs with a 5% drift flagged on <= 5%; each regime's exit codes.
+2. ``regress power``'s trials checked through ``compare`` (within 5 points of its power).
+3. ``settle=true`` (looks at 5, 10, 15, 20 and 30 trials, O'Brien-Fleming spending): the
+   false-alarm rate over all looks within 1.5x the single look's.
+4. **The recorded CPU pool** (``benchmarks/regress_pool_rows.jsonl``: one code version,
    sessions pool-1..4 on the shared 2-core CPU, and bigdelay-1 with a 50 ms ring delay),
    resampled by **session**: every ordered pair of distinct sessions is one A/A night of
    one session per tag (n trials drawn from each), and the same session's trials split
-   alternately is the interleaved design. Rates are given per session pair with the mean
-   and a 95% interval from resampling the sessions (not the draws: the draws within one
-   pair are not independent evidence).
+   alternately is the interleaved design; with the local profile's S (42%).
+5. **The recorded H200 pool** (``benchmarks/recordings/h200-attention-compute.jsonl``: one
+   rank's attention compute for the 4 splits of cp=8 at two sequence lengths, 6 sessions of
+   8 interleaved trials): the same A/A design by session pair on 8 layouts of real GPU noise,
+   and power with a planted 7% slowdown (2 of 8 layouts, or all of them).
 
-3. **The recorded H200 pool** (``benchmarks/recordings/h200-attention-compute.jsonl``,
-   ``benchmarks/gpu_recording.py``: one rank's attention compute for the 4 splits of cp=8 at
-   two sequence lengths, 3 sessions of 8 interleaved trials on one H200): the same A/A
-   design by session pair on 8 layouts of real GPU noise, and power with a planted 7%
-   slowdown (2 of 8 layouts, or all of them) on the candidate session's trials.
-
-**Not tuned on what it reports.** The rule's constants (alpha 0.05, the median shift, the
-3-MAD clip of the moderated variances, the variance floor) were set while developing with
-seeds below 1000; every figure here uses seeds from ``--seed`` (default 1,000,000), never
-used then.
+**Held out.** ``regress_nights.FROZEN_AT`` is the commit the rule was frozen at; part 1
+says whether a rule file changed since, and calls its figures held out only if none did.
+While building the rule only seeds below 1000 and the regimes marked so were run; every
+figure here uses seeds from ``--seed`` (default 1,000,000).
 
     PYTHONPATH=$PWD python benchmarks/regress_error_rates.py [--nights 400]
         [--out benchmarks/RESULTS-regress-error-rates.md]
@@ -56,14 +45,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from hcp_tune.outputs.regress import Options, compare, stats, usable  # noqa: E402
+from hcp_tune.outputs.regress.rows import position  # noqa: E402
 from rates import wilson  # noqa: E402
+from regress_nights import K, Regime, night_rows, run_regime  # noqa: E402
+from regress_nights import table as nights_table  # noqa: E402
 
 POOL = REPO / "benchmarks" / "regress_pool_rows.jsonl"
 GPU_POOL = REPO / "benchmarks" / "recordings" / "h200-attention-compute.jsonl"
 CLEAN = ("pool-1", "pool-2", "pool-3", "pool-4")
 CUDA_MEM = "torch.cuda.max_memory_allocated over the measured steps, max over ranks"
-LAYOUTS = [(seq, cp, a2a) for seq in (8192, 32768, 65536, 131072) for cp in (8, 16, 32)
-           for a2a in (1, 2, 4, 8)]  # 48: 12 keys x 4 layouts
 OPTS = Options(baseline="base", candidate="cand")
 
 
@@ -73,44 +63,6 @@ def trial(tag, seq, cp, a2a, t, median, mem, i):
             "comm_type": "", "median_s": median, "status": "ok", "verified": True,
             "peak_mem_bytes": mem, "mem_note": CUDA_MEM, "trial_id": f"{tag}-t{i:04d}-a{a2a}",
             "fingerprint": {}}
-
-
-def night_rows(rng, n, sd, shift=1.0, slow=None, interaction=0.0, drift=0.0):
-    """One night: every layout ``n`` trials per tag; the candidate ``shift`` x ``slow[i]``
-    slower; ``interaction``: each (layout, session) its own extra log-normal factor;
-    ``drift``: a linear slow-down over the night (interleaved trials share it)."""
-    slow = slow or {}
-    rows = []
-    seqs = sorted({s for s, _, _ in LAYOUTS})
-    for i, (seq, cp, a2a) in enumerate(LAYOUTS):
-        base_t = 0.01 * (1 + seqs.index(seq)) * (1 + 0.1 * a2a)
-        mem = 2 ** 30 * (1 + i)
-        for tag, f in (("base", 1.0), ("cand", shift * slow.get(i, 1.0))):
-            extra = rng.lognormvariate(0, interaction) if interaction else 1.0
-            for t in range(n):
-                d = 1 + drift * t / max(1, n - 1)
-                rows.append(trial(tag, seq, cp, a2a, t, base_t * f * extra * d
-                                  * rng.lognormvariate(0, sd), mem * rng.lognormvariate(0, 0.002),
-                                  t))
-    return rows
-
-
-def run_nights(nights, seed, n, sd, opts=OPTS, **kw):
-    """Per night: (any confirmed change, the slowed layouts confirmed, false flags)."""
-    slow = kw.get("slow") or {}
-    out = []
-    for k in range(nights):
-        rng = random.Random(seed + k)
-        rep = compare(night_rows(rng, n, sd, **kw), opts)
-        hit = sum(1 for c in rep.flagged if _i(c) in slow)
-        false = sum(1 for c in rep.flagged if _i(c) not in slow)
-        shift = bool(rep.shift_flagged)
-        out.append((bool(rep.flagged) or shift, hit, false, shift))
-    return out
-
-
-def _i(c):
-    return LAYOUTS.index((c.key[5], c.key[4], c.a2a))
 
 
 def pct(k, n):
@@ -123,42 +75,14 @@ def goal(ok: bool) -> str:
 
 
 def simulated(nights: int, seed: int) -> list[str]:
-    lines = ["## 1. Simulated nightly matrix (48 layouts, one session per tag)", "",
-             f"{nights} nights per row, seeds {seed}+; rates with 95% Wilson intervals over "
-             "nights (each night is independent here).", "",
-             "| scenario | nights with a confirmed change | slowed layouts confirmed | "
-             "nights without a false flag | goal |", "|---|---|---|---|---|"]
-    six = {i: 1.07 for i in range(0, 48, 8)}
-    rows = [
-        ("A/A: shared 3% shift, sigma 3%, 5 trials", dict(n=5, sd=0.03, shift=1.03),
-         lambda r: r[0] <= 0.05, "confirmed change on <= 5% of nights"),
-        ("6 of 48 slowed 7%, sigma 2%, 10 trials", dict(n=10, sd=0.02, slow=six),
-         lambda r: r[1] >= 0.8 and r[2] >= 0.9, ">= 80% confirmed, >= 90% nights clean"),
-        ("uniform 7% slowdown, sigma 3%, 5 trials", dict(n=5, sd=0.03, shift=1.07),
-         lambda r: r[0] >= 0.95, "flagged on >= 95% of nights"),
-        ("stress: A/A, 3% shift + 1% layout x session effects, sigma 3%, 5 trials",
-         dict(n=5, sd=0.03, shift=1.03, interaction=0.01), None, "(no goal: see below)"),
-        ("stress: A/A, 3% shift + 2% layout x session effects, sigma 3%, 5 trials",
-         dict(n=5, sd=0.03, shift=1.03, interaction=0.02), None, "(no goal)"),
-        ("stress: uniform 7% against a -3% session shift, sigma 3%, 5 trials",
-         dict(n=5, sd=0.03, shift=1.07 * 0.97), None, "(no goal: the shift is 3.8%)"),
-    ]
-    figures = {}
-    for name, kw, check, what in rows:
-        t0 = time.monotonic()
-        got = run_nights(nights, seed, **kw)
-        n_slow = len(kw.get("slow") or {})
-        any_ = sum(g[0] for g in got)
-        hit = sum(g[1] for g in got)
-        clean = sum(g[2] == 0 for g in got)
-        rates = (any_ / nights, hit / (n_slow * nights) if n_slow else 0.0, clean / nights)
-        figures[name] = rates
-        verdict = f"{goal(check(rates))}: {what}" if check else what
-        lines.append(f"| {name} | {pct(any_, nights)} | "
-                     f"{pct(hit, n_slow * nights) if n_slow else '-'} | {pct(clean, nights)} | "
-                     f"{verdict} |")
-        print(f"{name}: {rates} ({time.monotonic() - t0:.0f} s)", flush=True)
-    return lines + [""]
+    return ["## 1. Simulated nightly matrix (48 layouts), one row per regime", "",
+            f"{nights} nights per row; rates with 95% Wilson intervals over nights (each "
+            "night is independent here). 'S, L used': the session spreads the rule was told "
+            "(given) or took from the dgx-h100 profile; the truth's sessions are drawn at the "
+            "values in the regime's name, else at the profile's. 'named': nights whose "
+            "output named the slowed layouts' shared level (a2a=8; a2a > 1), or any name "
+            "where none fits. Exit codes: 0 nothing flagged, 1 confirmed, 4 inconclusive.",
+            ""] + nights_table(nights, seed)
 
 
 def power_check(nights: int, seed: int) -> list[str]:
@@ -173,11 +97,11 @@ def power_check(nights: int, seed: int) -> list[str]:
     for effect, sd in ((0.07, 0.02), (0.10, 0.03), (0.08, 0.05), (-0.10, 0.03)):
         n = stats.trials_for_power(effect, sd, 0.05, 0.05, 98, 48)
         stated = stats.simulated_power(n, effect, sd, 0.05, 0.05, 48)  # what it prints
-        six = {i: 1 + effect for i in range(0, 48, 8)}
-        got = run_nights(nights, seed + 7919, n, sd, slow=six)
-        hit = sum(g[1] for g in got) / (6 * nights)
+        t = run_regime(Regime("power", n=n, sd=sd, effect=effect, slowed=K[6],
+                              given=(0.0, 0.0)), nights, seed + 7919)
+        hit = t.hits / (6 * nights)
         lines.append(f"| {effect:+.0%} | {sd:.0%} | {n} | {stated:.1%} | "
-                     f"{pct(sum(g[1] for g in got), 6 * nights)} | {100 * (hit - stated):+.1f} "
+                     f"{pct(t.hits, 6 * nights)} | {100 * (hit - stated):+.1f} "
                      f"points | {goal(abs(hit - stated) <= 0.05)} |")
         print(f"power {effect} {sd}: n={n} stated {stated:.3f} simulated {hit:.3f}", flush=True)
     return lines + [""]
@@ -190,13 +114,13 @@ def sequential(nights: int, seed: int) -> list[str]:
     """A/A nights looked at after 5, 10, 15, 20, 30 trials: single look (plain regress at
     5) vs every look at the full rate (the old settle) vs O'Brien-Fleming spending."""
     single = naive = spent = 0
+    aa = Regime("seq", n=LOOKS[-1], sd=0.03, fixed_shift=0.03, session=0.005, layout=0.001)
     for k in range(nights):
-        rng = random.Random(seed + 104729 + k)
-        rows = night_rows(rng, LOOKS[-1], 0.03, shift=1.03)
+        rows = night_rows(aa, seed + 104729 + k)
         flagged_naive = flagged_spent = False
         before = 0.0
         for i, n in enumerate(LOOKS):
-            part = [r for r in rows if int(r["trial_id"].split("-t")[1][:4]) < n]
+            part = [r for r in rows if position(r)[0] < n]
             t = n / LOOKS[-1]
             full = compare(part, OPTS)
             bad = bool(full.flagged or full.shift_flagged)
@@ -397,12 +321,14 @@ def main() -> int:
     head = ["# `regress`: error rates of the decision rule", "",
             "```", "PYTHONPATH=$PWD python " + " ".join(sys.argv), "```", "",
             "Every verdict is `regress.compare`'s (rows in, verdicts out). The rule: per "
-            "night a common shift (median of the layouts' log ratios) and per-layout "
-            "deviations from it, noise pooled across layouts (moderated variances), Holm's "
-            "correction over every layout x (time, memory) and the shifts at **family-wise "
-            "error rate 0.05**, a verdict only when the estimate is also beyond the 5% "
-            "threshold (docs/regress.md). Seeds from "
-            f"{args.seed}: none was used while the rule was developed (seeds < 1000). "
+            "night the common shift is the level of the layouts most plausibly unchanged "
+            "(the group of layouts at one level most plausible as a pure session shift), "
+            "tested against 0 with the session spread S; each layout's deviation from it "
+            "with the layout x session spread L; noise pooled across layouts (moderated "
+            "variances); Holm's correction over every layout x (time, memory) and the "
+            "shifts at **family-wise error rate 0.05**; a verdict only when the estimate is "
+            "also beyond the 5% threshold (docs/regress.md). Seeds from "
+            f"{args.seed:,}. "
             f"{time.monotonic() - t0:.0f} s.", ""]
     from stamp import write_results
 
