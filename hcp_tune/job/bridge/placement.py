@@ -20,7 +20,6 @@ just slower, and the layout ranking is of another machine. So every trial checks
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -45,7 +44,7 @@ def placement_problems(expected_groups: dict, hosts: list[str]) -> list[str]:
     placement spreads over several hosts; ``hosts[r]`` is rank r's host."""
     if not hosts or not expected_groups.get("a2a"):
         return []
-    per_node = max(Counter(hosts).values())  # tasks per node, whatever the order
+    per_node = max(hosts.count(h) for h in set(hosts))  # tasks per node, whatever the order
     out = []
     for group in expected_groups["a2a"]:
         if len({r // per_node for r in group}) != 1 or max(group) >= len(hosts):

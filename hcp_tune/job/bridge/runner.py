@@ -92,11 +92,9 @@ def device_fields(local_rank: int, cuda_index: Optional[int]) -> dict[str, Any]:
 
 
 def _nccl_log_path(spec: TrialSpec, env) -> Path:
-    """Where NCCL writes this rank's channel set-up: beside the rank's log, else in /tmp."""
-    import tempfile
-
+    """Where NCCL writes this rank's channel set-up: beside the rank's log, else in $TMPDIR."""
     mine = os.environ.get("HCP_TUNE_LOG")
-    folder = Path(mine).parent if mine else Path(tempfile.gettempdir())
+    folder = Path(mine).parent if mine else Path(os.environ.get("TMPDIR") or "/tmp")
     return folder / f"nccl-{spec.trial_id}.rank{env.rank}.log"
 
 
