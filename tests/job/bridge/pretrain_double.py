@@ -30,7 +30,7 @@ before the first step when ``train.manual_gc``: training/train.py), and the
 host ``node<rank % 2>`` (a cyclic SLURM distribution over two nodes), which the runner's
 placement check must refuse.
 
-Run as a script, it is one rank of tests/job/bridge/test_bridge_runner_double.py.
+Run as a script, it forks the ranks of tests/job/bridge/test_bridge_runner_double.py.
 """
 from __future__ import annotations
 
@@ -328,5 +328,36 @@ def main(scenarios_file: str, out_dir: str) -> None:
         Path(out_dir, f"{sc['name']}.rank{rank}.json").write_text(to_json(res))
 
 
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+def fork_ranks(world: int, scenarios_file: str, out_dir: str) -> int:
+    """Every rank of ``world`` forked from this process once the slow imports are done
+    (torch and Megatron-Core take about 4 s of CPU a process: 8 ranks on 2 cores spent most
+    of their time importing). Nothing has run a torch op or made a thread yet, so the fork
+    is clean; each child runs ``main`` as rank r and exits with its status."""
+    import traceback
+
+    from megatron.core import parallel_state  # noqa: F401 (the import is the point)
+
+    from hcp_tune.job.bridge import runner  # noqa: F401
+
+    pids = []
+    for r in range(world):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.environ.update(RANK=str(r), LOCAL_RANK=str(r))
+                main(scenarios_file, out_dir)
+                code = 0
+            except BaseException:  # a rank's failure is its exit status, with its trace
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids.append(pid)
+    statuses = [os.waitpid(pid, 0)[1] for pid in pids]
+    return 0 if all(s == 0 for s in statuses) else 1
+
+
+if __name__ == "__main__":  # pretrain_double.py WORLD SCENARIOS.json OUT_DIR
+    sys.exit(fork_ranks(int(sys.argv[1]), sys.argv[2], sys.argv[3]))

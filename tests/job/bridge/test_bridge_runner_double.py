@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -54,26 +55,23 @@ def _spec(name: str, layout: Layout, *, tp: int = 1, pp: int = 1, dp: int = 1, t
 
 
 def _launch(tmp: Path, scenarios: list, world: int) -> dict:
-    """Every scenario in turn in ``world`` gloo processes; rank 0's results by name."""
+    """Every scenario in turn on ``world`` gloo ranks (forked by the double after its
+    imports); rank 0's results by name."""
     (tmp / "scenarios.json").write_text(json.dumps(scenarios))
     env = {**os.environ, "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port_block(len(scenarios)))}
     env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # what the runner sets is what is checked
-    procs = [subprocess.Popen([sys.executable, str(DOUBLE), str(tmp / "scenarios.json"),
-                               str(tmp)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    logs = []
+    proc = subprocess.Popen([sys.executable, str(DOUBLE), str(world), str(tmp / "scenarios.json"),
+                             str(tmp)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        for p in procs:
-            logs.append(p.communicate(timeout=300)[0])
+        log = proc.communicate(timeout=300)[0]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
+        if proc.poll() is None:  # the ranks are in its process group
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, log[-4000:]
     return {sc["name"]: result_from_json((tmp / f"{sc['name']}.rank0.json").read_text())
-            for sc in scenarios} | {"_logs": logs, "_tmp": tmp}
+            for sc in scenarios} | {"_logs": [log], "_tmp": tmp}
 
 
 @pytest.fixture(scope="module")
