@@ -225,7 +225,7 @@ def regimes() -> list[Regime]:
                       n=5, sd=0.03, slowed=K[48], check=rel, session=0.005, layout=0.0025,
                       given=(0.005, 0.0025)))
     for s, lay in ((0.01, 0.005), (0.01, 0.01), (0.02, 0.005), (0.02, 0.01)):
-        out.append(Regime(f"A/A, sessions N(0,{s:.0%}) and N(0,{lay:.1%}) given, sigma 2%, "
+        out.append(Regime(f"A/A, sessions N(0,{s:.0%}) and N(0,{lay * 100:.2g}%) given, sigma 2%, "
                           "10 trials", session=s, layout=lay, given=(s, lay), check=aa,
                           tuned=(s, lay) in ((0.01, 0.005), (0.02, 0.01))))
     out.append(Regime("A/A, sessions N(0,2%) and N(0,1%), the defaults used (0.5%, 0.1%)",
@@ -269,9 +269,9 @@ def table(nights: int, seed: int, workers: int = 2) -> list[str]:
                 goal = f"**{'met' if met else 'NOT met'}**: {goal}"
             named = f"{t.named / t.nights:.0%}" if r.slowed and len(r.slowed) < 48 else "-"
             exits = " / ".join(f"{t.exits.get(c, 0) / t.nights:.0%}" for c in (0, 1, 4))
-            used = "cancel (paired)" if r.design == "interleaved" else (
-                f"{r.given[0]:.1%}, {r.given[1]:.1%} given" if r.given else "0.5%, 0.1% "
-                "(dgx-h100)")
+            given = r.given and f"{r.given[0] * 100:.2g}%, {r.given[1] * 100:.2g}% given"
+            used = ("cancel (paired)" if r.design == "interleaved"
+                    else given or "0.5%, 0.1% (dgx-h100)")
             rows.append(f"| {r.name} | {used} | {rate(t.flagged, t.nights)} | "
                         f"{rate(t.hits, n_slow) if n_slow else '-'} | "
                         f"{rate(t.nights - t.false_nights, t.nights)} | "
