@@ -76,7 +76,9 @@ def _settle(a: dict[str, str], opts, results_dir: Path, tags: set[str]):
     in this environment, the baseline only with ``baseline_args=``)."""
     from hcp_tune.outputs.regress.settle import settle
 
-    report, _ = settle(lambda: _rows(results_dir, tags), run_sweep, opts,
+    # every look reads the other tags' rows of these keys too: the spreads' history
+    history = history_rows(results_dir, tags)
+    report, _ = settle(lambda: _rows(results_dir, tags) + history, run_sweep, opts,
                        candidate_args=split_args(a, "candidate_args", results_dir)
                        if "candidate_args" in a else [f"results_dir={results_dir}"],
                        baseline_args=split_args(a, "baseline_args", results_dir)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from hcp_tune.outputs.regress.model import Comparison, LayoutComparison
+from hcp_tune.outputs.regress.rates import rate_line
 from hcp_tune.outputs.regress.rows import COMPARED, key_text
 from hcp_tune.outputs.regress.settle import settle_plan, sweep_command
 from hcp_tune.outputs.regress.stats import Estimate
@@ -230,7 +231,7 @@ def print_report(report: Comparison, written: list[str]) -> None:
     for line in next_steps(report):
         print(line)  # a command the user copies: never wrapped
     say(*[f"warning: {w}" for w in report.warnings], f"method: {report.method}",
-        summary_line(report))
+        rate_line(report.options.design), summary_line(report))
     for path in written:
         print(f"wrote {path}")
 
@@ -262,6 +263,7 @@ def markdown(report: Comparison) -> str:
               "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for c in report.comparisons:
         lines.append("| " + " | ".join(_md_escape(x) for x in cells(c)) + " |")
-    lines += ["", "## Method", "", report.method + ".", ""]
+    lines += ["", "## Method", "", report.method + ".", "", rate_line(report.options.design),
+              ""]
     return "\n".join(lines)
 
