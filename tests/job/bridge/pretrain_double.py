@@ -28,7 +28,8 @@ whether Python's automatic GC was on inside each step (Bridge's loop calls ``gc.
 before the first step when ``train.manual_gc``: training/train.py), and the
 ``CUDA_DEVICE_MAX_CONNECTIONS`` ``pretrain`` found. ``cyclic_hosts`` makes each rank report
 host ``node<rank % 2>`` (a cyclic SLURM distribution over two nodes), which the runner's
-placement check must refuse.
+placement check must refuse. ``nccl_log_line`` is written to ``NCCL_DEBUG_FILE`` when the
+runner asked for one, as NCCL's INIT log would carry it (gloo writes none).
 
 Run as a script, it forks the ranks of tests/job/bridge/test_bridge_runner_double.py.
 """
@@ -171,16 +172,21 @@ class PretrainDouble:
 
     def __init__(self, *, plant_wrong_group: bool = False,
                  te_log_line: Optional[str] = None, hidden: int = 16,
-                 record: Optional[str] = None, cyclic_hosts: bool = False) -> None:
+                 record: Optional[str] = None, cyclic_hosts: bool = False,
+                 nccl_log_line: Optional[str] = None) -> None:
         self.plant_wrong_group, self.te_log_line, self.hidden = (
             plant_wrong_group, te_log_line, hidden)
         self.record, self.cyclic_hosts = record, cyclic_hosts
+        self.nccl_log_line = nccl_log_line
         self.seen: dict = {"micro_batches": [], "mask_bytes": 0, "gc_enabled_in_steps": []}
 
     def __call__(self, config, forward_step_func, callbacks=None) -> None:
         from megatron.core import parallel_state as ps
 
         self.seen["max_connections"] = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+        if self.nccl_log_line and os.environ.get("NCCL_DEBUG_FILE"):
+            with open(os.environ["NCCL_DEBUG_FILE"], "a") as f:
+                f.write(self.nccl_log_line + "\n")
         real_hostname = socket.gethostname
         if self.cyclic_hosts:
             socket.gethostname = lambda: f"node{int(os.environ['RANK']) % 2}"

@@ -33,6 +33,7 @@ from hcp_tune.spec import Status, result_from_json
 DOUBLE = Path(__file__).with_name("pretrain_double.py")
 WORLD = 4
 TE_LINE = "Selected backend = FusedAttention (sub-backend 1)"
+NCCL_LINE = "node0:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
 
 
 def _free_port_block(n: int) -> int:
@@ -59,7 +60,8 @@ def _launch(tmp: Path, scenarios: list, world: int) -> dict:
     imports); rank 0's results by name."""
     (tmp / "scenarios.json").write_text(json.dumps(scenarios))
     env = {**os.environ, "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port_block(len(scenarios)))}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port_block(len(scenarios))),
+           "TMPDIR": str(tmp)}  # where the runner asks NCCL to log (no HCP_TUNE_LOG here)
     env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # what the runner sets is what is checked
     proc = subprocess.Popen([sys.executable, str(DOUBLE), str(world), str(tmp / "scenarios.json"),
                              str(tmp)], env=env, stdout=subprocess.PIPE,
@@ -102,7 +104,8 @@ def ran8(tmp_path_factory) -> dict:
     """issue 38: the default job's shape (a2a+p2p with tp > 1, and with pp > 1) on 8 ranks."""
     tmp = tmp_path_factory.mktemp("double8")
     scenarios = [
-        {"name": "tp2", "spec": _spec("tp2", Layout(2, 2), tp=2, tmp=tmp)},
+        {"name": "tp2", "spec": _spec("tp2", Layout(2, 2), tp=2, tmp=tmp),
+         "double": {"nccl_log_line": NCCL_LINE}},
         {"name": "pp2cp4", "spec": _spec("pp2cp4", Layout(2, 2), pp=2, tmp=tmp,
                                          micro_batches=2)},
     ]
@@ -238,3 +241,5 @@ def test_a2a_p2p_with_tp_or_pp_is_proven_and_measured(ran8, name, tp, pp, m):
     assert res.fingerprint["settings"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert {_seen(ran8, name, r)["max_connections"] for r in range(8)} == {"1"}
     assert set(_seen(ran8, name)["micro_batches"]) == {m}
+    # NCCL's transports from the INIT log the runner asked for (the double writes the line)
+    assert res.fingerprint["nccl_transport"] == (["P2P/CUMEM"] if name == "tp2" else None)
