@@ -33,7 +33,7 @@ def _special() -> Any:
     return special
 
 
-OUTLIER_P = 0.01  # moderate(outliers=True): a variance beyond this F tail keeps its own
+OUTLIER_P = 0.2  # moderate(outliers=True): a variance beyond this F tail keeps its own
 SD_FLOOR = 1e-3  # smallest per-trial relative spread assumed (device memory is often exact)
 VAR_SPREAD_MAX = 100.0  # a layout's variance counts as at least the night's median / this
 # n * var(median of n) / var(one), normal samples, n = 1..10; pi/2 beyond
@@ -83,7 +83,8 @@ def moderate(s2: Sequence[float], df: Sequence[float], *, outliers: bool = False
     the prior (its upper-tail F(d, d0) p-value below ``OUTLIER_P``) keeps its own variance
     and degrees of freedom, unshrunk, and the prior is estimated from the others without
     the 3-MAD clip (which hid such a layout's variance and then shrank it fully). Its
-    posterior df is then its own d: ``df_post - d`` is the prior weight each layout got."""
+    posterior df is then its own d: ``df_post - d`` is the prior weight each layout got.
+    The others' posterior is at least their pooled variance (``_moderate_robust``)."""
     import numpy as np
 
     if outliers:
@@ -140,4 +141,10 @@ def _moderate_robust(s2: Sequence[float], df: Sequence[float]
     post_all = np.where(own, np.maximum(s2, SD_FLOOR ** 2),
                         (d0 * s0sq + df * np.maximum(s2, SD_FLOOR ** 2)) / (d0 + df))
     post_all = np.where((df <= 0) & keep, s0sq, post_all)
+    # no layout is taken for quieter than the others' pooled spread: a layout whose few
+    # trials happened to land together (both in one mode of a bimodal machine, none in a
+    # heavy tail) would otherwise get an interval far too narrow, and the spread of the
+    # log-variances those cases cause also shrinks d0, so moderation alone does not help
+    pooled = float((df[keep] * s2[keep]).sum() / df[keep].sum()) if df[keep].sum() > 0 else 0.0
+    post_all = np.where(keep, np.maximum(post_all, pooled), post_all)
     return np.maximum(post_all, SD_FLOOR ** 2), np.where(own, df, df + d0), s0sq, d0

@@ -7,19 +7,22 @@ measures again (``sweep_adaptive``) and is replayed by ``benchmarks/decision_cos
 what the benchmark measures is what users run.
 
 **The figure** of a layout is the median of its verified ok trials' medians. Its 95%
-interval is ``log(median) +- t(df) * sqrt(factor(n) / n) * sd``: ``sd`` the spread of the
-layout's log trial medians, moderated across the key's layouts (``shrinkage.moderate``:
-with 2 or 3 trials a layout's own spread is a poor guess, and the layouts of one sweep
-share its machine and session), ``df`` its moderated degrees of freedom, ``factor(n)``
-the variance of a median of n over that of one trial. Deterministic: the same rows give
-the same interval, so a resumed sweep decides the same. Not a bootstrap: a percentile
-bootstrap of a median over 3 trials is about the trials' range and covers the true median
-75% of the time (50% at 2, 93% at 5), so its "95%" would be false exactly where an adaptive
-sweep decides (benchmarks/interval_coverage.py measures both). The trial, not the step, is the
-unit: a trial's steps share one allocation, one placement and one warm-up, so pooling them
-would count the same allocation's luck hundreds of times and make the interval far too
-narrow (docs/guides/ranking.md argues it with numbers). Pruned, cancelled, skipped and
-failed trials never enter a figure.
+interval is ``log(median) +- t(df) * sqrt(var)``: ``var`` the larger of ``factor(n) * sd^2
+/ n`` and the median's own jackknife variance (``jackknife_var``: a median that can jump
+between two modes, or out of a heavy tail, widens its interval), ``sd`` the spread of the
+layout's log trial medians moderated across the key's layouts (``shrinkage.moderate`` with
+``outliers=True``: with 2 or 3 trials a layout's own spread is a poor guess, and the
+layouts of one sweep share its machine and session; a layout whose spread the others make
+implausible keeps its own, and no other is taken for quieter than their pooled spread),
+``df`` its moderated degrees of freedom, ``factor(n)`` the variance of a median of n over
+that of one trial. Deterministic: the same rows give the same interval, so a resumed
+sweep decides the same. Not a bootstrap: a percentile bootstrap of a median over 3 trials
+is about the trials' range and covers the true median 75% of the time (50% at 2, 93% at
+5). The trial, not the step, is the unit: a trial's steps share one allocation, one
+placement and one warm-up, so pooling them would count the same allocation's luck
+hundreds of times (docs/guides/ranking.md argues it with numbers). Pruned, cancelled,
+skipped and failed trials never enter a figure. How often each layout's interval holds
+its true median, per noise regime: benchmarks/RESULTS-interval-coverage.md.
 
 **The verdict** compares the best layout (lowest figure) with every other measured layout
 through the interval of the ratio other/best (the log ratio +- t * the root of the two
@@ -83,10 +86,29 @@ class Figure:
 
     @property
     def var_log(self) -> Optional[float]:
-        """The variance of log(median_s): the spread over n, times the median's factor."""
+        """The variance of log(median_s): the spread over n times the median's factor, or
+        the median's own jackknife variance where that is larger (``jackknife_var``)."""
         if self.sd_log is None:
             return None
-        return shrinkage.median_factor(self.n_trials) * self.sd_log ** 2 / self.n_trials
+        normal = shrinkage.median_factor(self.n_trials) * self.sd_log ** 2 / self.n_trials
+        return max(normal, jackknife_var(self.medians))
+
+
+def jackknife_var(medians: tuple[float, ...]) -> float:
+    """The jackknife variance of the median of the log trial medians (0 below 3 trials).
+
+    The moderated spread says how far a median of n normal trials strays; it does not see
+    a median that can jump: trials from a machine with two modes (a slow node in some
+    allocations) or one heavy tail, where removing one trial moves the median across the
+    gap. Leaving each trial out in turn sees exactly that, and the interval then widens
+    where it must (benchmarks/interval_coverage.py: the bimodal and unequal-noise rows)."""
+    n = len(medians)
+    if n < 3:
+        return 0.0
+    logs = [math.log(m) for m in medians]
+    loo = [statistics.median(logs[:i] + logs[i + 1:]) for i in range(n)]
+    mean = sum(loo) / n
+    return (n - 1) / n * sum((x - mean) ** 2 for x in loo)
 
 
 @dataclass(frozen=True)
@@ -196,17 +218,16 @@ def figures(rows: list[dict[str, Any]], intervals: bool = True) -> list[Figure]:
 
 def ratio_df(best: Figure, other: Figure) -> float:
     """Satterthwaite's degrees of freedom of var_best + var_other with the prior counted
-    once: each moderated variance is the prior's scale (d0 df, shared by both layouts)
-    and the layout's own variance (its n - 1 df) in proportion, so the sum is three
+    once: each moderated variance is the prior's part (d0 df, shared by both layouts) and
+    the layout's own (its n - 1 df) in proportion to their weights, so the sum is three
     independent parts, not two each holding d0."""
     parts = []  # (expected size, df) of each independent part
     prior = 0.0
     for f in (best, other):
         own = f.n_trials - 1
-        c = shrinkage.median_factor(f.n_trials) / f.n_trials
         w0 = f.prior_df / (f.prior_df + own) if f.prior_df + own > 0 else 1.0
-        prior += c * w0 * (f.s0sq or 0.0)
-        parts.append((c * (1 - w0) * f.sd_log ** 2, own))
+        prior += w0 * (f.var_log or 0.0)
+        parts.append(((1 - w0) * (f.var_log or 0.0), own))
     d0 = max(best.prior_df, other.prior_df)
     parts.append((prior, d0))
     total = sum(a for a, _ in parts)
