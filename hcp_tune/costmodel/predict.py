@@ -238,6 +238,11 @@ def resolve_runner(name: str, *, command: str = "sweep") -> tuple[str, str]:
     there and ``model`` is an error. Never imports torch.
     """
     if command == "trial":
+        if name == "synthetic":
+            raise ConfigError(
+                "runner=synthetic: trial measures one layout on this machine, and a synthetic "
+                "trial measures nothing; sweep it instead (python -m hcp_tune sweep ... "
+                "runner=synthetic runner.truth=FILE), or use runner=attention to measure")
         if name == "model":
             raise ConfigError(
                 "runner=model: trial measures one layout and runner=model only predicts; "

@@ -121,3 +121,11 @@ def test_the_session_shifts_every_layout_of_a_key_alike_and_drift_grows_with_pos
 def test_parse_truth_names_the_key_of_an_unknown_field():
     with pytest.raises(InputFileError, match=r"layouts.2: unknown key\(s\) \['median'\]"):
         synthetic.parse_truth({"layouts": {"2": {"median": 1.0}}}, "t.yaml")
+
+
+def test_trial_refuses_the_synthetic_runner_in_one_line():
+    r = subprocess.run([sys.executable, "-m", "hcp_tune", "trial", "cp=8", "seq=1024",
+                        "model=tiny", "cluster=local", "runner=synthetic", "a2a=2"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "runner=synthetic: trial measures one layout" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
