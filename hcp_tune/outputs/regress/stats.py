@@ -14,7 +14,8 @@ layout, and its own meeting with the sessions), and measurement error ``e_i``.
   prior whose scale ``s0^2`` and degrees of freedom ``d0`` are estimated from all layouts'
   variances; the posterior variance ``(d0 s0^2 + d s^2) / (d0 + d)`` has ``d0 + d`` degrees
   of freedom. A layout implausibly noisy for that prior keeps its own variance and degrees
-  of freedom, unshrunk (``moderate(outliers=True)``, as the ranking's).
+  of freedom, unshrunk (``moderate(outliers=True)``, as the ranking's), and no layout's
+  variance is below the night's pooled variance over every layout (regress's own floor).
 - **The session spreads** (``spread.py``): with one session per tag, the two tags' shifts
   differ by N(0, 2 S^2) and each layout's change by N(0, 2 L^2) more, with no release
   change at all. S and L are given, learned from the folder's history or the cluster
@@ -144,9 +145,14 @@ def night(changes: Sequence[tuple[float, float, float, float]], session_sd: floa
     p-values, no verdicts yet) of one metric from each layout's ``change``; ``session_sd``
     and ``layout_sd``: S and L (``spread.py``), 0 where the tags shared their session."""
     d = np.array([c[0] for c in changes], float)
-    post, pdf, s0sq, d0 = moderate([c[1] for c in changes], [c[2] for c in changes],
-                                   outliers=True)
-    v = post * np.array([c[3] for c in changes], float)
+    s2, df = np.array([c[1] for c in changes], float), np.array([c[2] for c in changes], float)
+    post, pdf, s0sq, d0 = moderate(s2, df, outliers=True)
+    # regress's floor (not the ranking's): no layout is taken for quieter than the night's
+    # pooled spread over every layout. The ranking's moderation leaves its noisiest fifth
+    # out of the prior and floors the rest at their own pooled spread, which runs low when
+    # every layout shares one noise: 7% of A/A nights flagged at 5 trials, not 3%
+    pooled = float((df * s2).sum() / df.sum()) if df.sum() > 0 else 0.0
+    v = np.maximum(post, pooled) * np.array([c[3] for c in changes], float)
     pdf = np.asarray(pdf, float)
     w = v + 2 * layout_sd ** 2  # a layout's change around its group's level
     s2 = 2 * session_sd ** 2  # the two tags' sessions: their shifts differ by N(0, 2 S^2)
