@@ -33,7 +33,8 @@ from hcp_tune.engine import synthetic  # noqa: E402
 from hcp_tune.outputs.regress import Options, compare  # noqa: E402
 from hcp_tune.outputs.regress.plan import run_order  # noqa: E402
 
-FROZEN_AT = "963b5fb"  # the rule of issue 36 part 3 (git log -1 963b5fb)
+FROZEN_AT = "cb6d986"  # the rule of issue 36 part 3 (first frozen at 963b5fb; re-frozen after
+# the shared moderation changed under it at ace6239: git log -1 cb6d986)
 RULE_FILES = ("hcp_tune/outputs/regress/stats.py", "hcp_tune/outputs/regress/model.py",
               "hcp_tune/outputs/regress/spread.py", "hcp_tune/engine/shrinkage.py",
               "hcp_tune/config/cluster.py", "conf/cluster/dgx-h100.yaml")
