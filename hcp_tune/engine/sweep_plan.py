@@ -347,7 +347,6 @@ def sweep_estimate(cfg: SweepConfig, cands: list[Candidate]) -> dict[str, Any]:
         out.update(max_trials=most.trials, max_gpu_hours=most.gpu_hours)
         out["text"] += (f"; then rounds for the undecided layouts only, up to {most.trials} "
                         f"trial(s) in all, {most.gpu_hours:.3g} {unit} (search.repeats="
-                        f"{cfg.search.repeats} each); on the decision-cost benchmark's held-out "
-                        f"keys adaptive sweeps measured {error_rates.ADAPTIVE_COST} of the "
-                        "trials of exhaustive ones")
+                        f"{cfg.search.repeats} each); in the decision-cost benchmark adaptive "
+                        f"sweeps measured {error_rates.ADAPTIVE_COST}")
     return out

@@ -7,7 +7,7 @@ import pytest
 
 from hcp_tune import config
 from hcp_tune.engine import tables, verdict
-from hcp_tune.engine.error_rates import POWER_RULE, SETTLED_ERROR
+from hcp_tune.engine.error_rates import SETTLED_ERROR, rate_for
 from hcp_tune.outputs import recommend
 
 
@@ -41,7 +41,7 @@ def test_an_unsettled_command_is_one_the_sweep_accepts_and_names_the_folder_and_
     assert v.kind == "unsettled"
     rec = rec_of(v, dp=2, mbs=2, micro_batches=4, env_tag="te-2.9")
     first, command = recommend.verdict_lines(rec, str(tmp_path / "res"))
-    assert first.startswith("unsettled: ") and POWER_RULE in first
+    assert first.startswith("unsettled: ") and rate_for("unsettled") in first
     args = command_args(command)
     assert f"results_dir={tmp_path / 'res'}" in args and "env_tag=te-2.9" in args
     assert {"dp=2", "mbs=2", "gbs=16", "search.adaptive=false"} <= set(args)
