@@ -45,7 +45,7 @@ commands:
   results   what a results folder holds: per env tag its keys, trials and size
             e.g. results results_dir=results [format=json]
             results drop|archive env_tag=TAG [results_dir=results]: remove a tag
-            results sync|migrate storage=postgresql://... : a team's database
+            results sync|migrate search.storage=postgresql://... : a team's database
 
 overrides use Hydra syntax: cp=16 seq=[65536,131072] tp=[1,2] cluster=dgx-h200
 model=llama3-70b sweeps=PRESET format=json drop_cross_node_a2a=true

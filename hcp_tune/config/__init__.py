@@ -24,6 +24,7 @@ from hcp_tune.config.recipes import recipe_for, recipe_named
 from hcp_tune.config.schema import from_mapping
 from hcp_tune.config.settings import ExecutorConfig, RunnerConfig, SearchConfig, TopLevel
 from hcp_tune.errors import ConfigError, InputFileError
+from hcp_tune.redact import redact
 from hcp_tune.upstream.pipeline import Recompute
 from hcp_tune.upstream.rules import BY_ID, Facts, evaluate
 
@@ -77,12 +78,53 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
             f"{key}: unknown key; expected one of: {', '.join(top_level_keys())} "
             f"or a group ({', '.join(GROUPS)})"
         )
-    bad = next((o for o in overrides if o.split("=", 1)[0].strip() and o in text), None)
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return ConfigError(
-        f"malformed override {bad or ' '.join(overrides)!r}: {first}; "
-        "expected KEY=VALUE in Hydra syntax, e.g. cp=8 seq=[65536,131072] cluster=dgx-h100"
-    )
+    bad, first = _bad_override(overrides)
+    if bad is None:
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return ConfigError(_malformed(bad, first))
+
+
+def _malformed(bad: Optional[str], why: str) -> str:
+    """The line for a malformed override: that override alone (redacted) and how to quote
+    a value Hydra cannot read bare."""
+    key, _, value = (bad or "").partition("=")
+    if bad and value[:1] not in "[{'\"":
+        fix = (f"a value holding '=', '&', ',', spaces or brackets is quoted: {key}='{value}' "
+               f"(in a shell: \"{key}='{value}'\")")
+    else:
+        fix = "e.g. cp=8 seq=[65536,131072] cluster=dgx-h100"
+    return redact(f"malformed override {bad or 'on the command line'!r}: {why}; expected "
+                  f"KEY=VALUE in Hydra syntax; {fix}")
+
+
+def _bad_override(overrides: list[str]) -> tuple[Optional[str], str]:
+    """The first override Hydra's grammar refuses on its own, with the parser's first
+    line; (None, '') when each parses alone."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for o in overrides:
+        try:
+            parser.parse_override(o)
+        except Exception as e:  # Hydra's exception types vary by version
+            lines = str(e).strip().splitlines()
+            return o, lines[0] if lines else type(e).__name__
+    return None, ""
+
+
+def quoted_urls(overrides: list[str]) -> list[str]:
+    """Each override whose value is a URL (``search.storage=postgresql://u@h/db?
+    sslmode=require``) with that value single-quoted for Hydra, as a user writes it: a
+    query string's '?', '&' and '=' need no quoting by hand. A value already quoted, a
+    list or one holding a quote or a backslash is left as it is."""
+    out = []
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        if (sep and "://" in value and value[:1] not in "'\"[{"
+                and not any(c in value for c in "'\"\\")):
+            o = f"{key}='{value}'"
+        out.append(o)
+    return out
 
 
 def option_file(group: str, name: str) -> Optional[Path]:
@@ -132,9 +174,10 @@ def compose(overrides: list[str]) -> Any:
     """The composed DictConfig for ``overrides`` (Hydra syntax), or a ``ConfigError``."""
     for o in overrides:
         if "=" not in o or not o.split("=", 1)[0].strip():
-            raise ConfigError(
+            raise ConfigError(redact(
                 f"malformed override {o!r}: expected KEY=VALUE, e.g. cp=8 or seq=[65536,131072]"
-            )
+            ))
+    overrides = quoted_urls(overrides)
     if not (CONF_DIR / "config.yaml").is_file():  # the environment's fault, not the overrides'
         raise ConfigError(
             f"HCP_TUNE_CONF_DIR={os.environ.get('HCP_TUNE_CONF_DIR', '')!r}: no config.yaml in "

@@ -1,6 +1,6 @@
 """Housekeeping of a results folder: which sweeps run on it, dropping or archiving an env
 tag's trials (``results drop|archive env_tag=X``), and moving its journals' studies into a
-team's database (``results migrate storage=postgresql://...``).
+team's database (``results migrate search.storage=postgresql://...``).
 
 A sweep marks the folder while it runs (``sweeps/<host>-<pid>-<n>.running``, written under
 the folder's lock by ``mark_sweep``); ``take_tag`` holds the same lock and refuses while a
@@ -19,6 +19,7 @@ from typing import Optional
 
 from hcp_tune.engine.folderlock import pid_alive
 from hcp_tune.engine.store import JOURNALS, LEDGER_FILE, LEGACY_JOURNAL, ResultStore
+from hcp_tune.redact import redact_all
 from hcp_tune.spec import atomic_write_text, current_umask
 from hcp_tune.errors import HcpError
 
@@ -34,8 +35,12 @@ class HousekeepingError(HcpError):
 def mark_sweep(store: ResultStore) -> Path:
     """Say a sweep runs on this folder (``sweeps/<host>-<pid>-<n>.running``, written
     under the lock, so housekeeping that holds the lock either sees it or finishes
-    first); the sweep removes it when it ends (``unmark_sweep``)."""
+    first); the sweep removes it when it ends (``unmark_sweep``). The markers of this
+    host's sweeps that died without removing theirs (SIGKILL, a node lost) go first. The
+    marker keeps the command line without its credentials (``hcp_tune.redact``): the
+    folder is shared, the marker readable by the team."""
     with store.lock():
+        running_sweeps(store)  # (removes this host's dead markers)
         folder = store.root / SWEEPS
         folder.mkdir(parents=True, exist_ok=True)
         fd, path = tempfile.mkstemp(dir=folder, prefix=f"{socket.gethostname()}-"
@@ -43,7 +48,8 @@ def mark_sweep(store: ResultStore) -> Path:
         os.fchmod(fd, 0o666 & ~current_umask())  # readable by teammates, as open() would
         with os.fdopen(fd, "w") as handle:
             json.dump({"host": socket.gethostname(), "pid": os.getpid(),
-                       "argv": sys.argv}, handle)
+                       "started": _started(os.getpid()), "argv": redact_all(sys.argv)},
+                      handle)
     return Path(path)
 
 
@@ -52,10 +58,30 @@ def unmark_sweep(marker: Optional[Path]) -> None:
         marker.unlink(missing_ok=True)
 
 
+def _started(pid: int) -> Optional[int]:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat's 22nd
+    field), so that a dead sweep's pid taken by a new process is not taken for the sweep;
+    None where /proc is not there."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(mark: dict) -> bool:
+    pid = int(mark["pid"])
+    if not pid_alive(pid):
+        return False
+    started = mark.get("started")
+    return started is None or _started(pid) in (None, started)
+
+
 def running_sweeps(store: ResultStore) -> list[str]:
     """The sweeps that may be running on this folder: every marker but those of this
-    host whose process is gone (a sweep killed with SIGKILL; those are removed). A
-    marker from another host cannot be checked from here: it counts as running."""
+    host whose process is gone (a sweep killed with SIGKILL, or its pid now another
+    process's; those are removed). A marker from another host cannot be checked from
+    here: it counts as running."""
     out = []
     for path in sorted((store.root / SWEEPS).glob("*.running")):
         try:
@@ -64,7 +90,7 @@ def running_sweeps(store: ResultStore) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError):
             out.append(f"{path} (unreadable)")
             continue
-        if host == socket.gethostname() and not pid_alive(pid):
+        if host == socket.gethostname() and not _alive(mark):
             path.unlink(missing_ok=True)
             continue
         out.append(f"{path} (pid {pid} on {host})")

@@ -22,9 +22,9 @@ import os
 import sys
 import time
 from typing import Any, Callable, Optional
-from urllib.parse import urlsplit, urlunsplit
 
 from hcp_tune.errors import HcpError
+from hcp_tune.redact import redact
 
 CONNECT_TIMEOUT_S = 5  # an unreachable host: one line after this, not a hang
 RETRY_S = 120.0  # a lost connection is retried this long (HCP_TUNE_DB_RETRY_S)
@@ -39,12 +39,8 @@ class LedgerUnavailable(HcpError):
 
 def redacted(url: str) -> str:
     """``url`` without its password (what may be printed, or kept in a results folder:
-    the password then comes from ~/.pgpass or PGPASSWORD)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user, _, host = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}@{host}"))
+    the password then comes from ~/.pgpass or PGPASSWORD): ``hcp_tune.redact``."""
+    return redact(url)
 
 
 def is_rdb(storage: Any) -> bool:

@@ -17,8 +17,10 @@ from hcp_tune.outputs.regress.args import parse_args
 RESULTS_KEYS = ("results_dir", "format")
 TAKE_ACTIONS = ("drop", "archive")  # results drop|archive env_tag=X [results_dir=PATH]
 TAKE_KEYS = ("env_tag", "results_dir")
-LEDGER_ACTIONS = ("sync", "migrate")  # results sync|migrate [storage=URL] [results_dir=PATH]
-LEDGER_KEYS = ("storage", "results_dir")
+LEDGER_ACTIONS = ("sync", "migrate")  # results sync|migrate [search.storage=URL] [results_dir=..]
+# search.storage: the name sweep and recommend take; storage=, this command's first name,
+# is still read (scripts written with it), and the docs name only search.storage
+LEDGER_KEYS = ("search.storage", "results_dir", "storage")
 
 
 @dataclass
@@ -113,21 +115,31 @@ def cmd_take(action: str, args: list[str]) -> int:
     return 0
 
 
+def _unquoted(value):
+    """A URL as Hydra's commands take it quoted (``search.storage='postgresql://...'``)
+    is the same URL here, where nothing parses it."""
+    if value and len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
 def cmd_ledger(action: str, args: list[str]) -> int:
-    """``results sync [storage=URL]``: bring the folder's row files and tables up to date
-    from a team's database (only the keys that changed); the folder remembers the
-    database, so later commands sync by themselves. ``results migrate storage=URL``: move
-    the folder's journals into the database once, with a count check
-    (``housekeeping.migrate``)."""
+    """``results sync [search.storage=URL]``: bring the folder's row files and tables up
+    to date from a team's database (only the keys that changed); the folder remembers the
+    database, so later commands sync by themselves. ``results migrate
+    search.storage=URL``: move the folder's journals into the database once, with a count
+    check (``housekeeping.migrate``)."""
     from hcp_tune.engine.store import ResultStore
 
     a = parse_args(f"results {action}", args, LEDGER_KEYS)
     results_dir = Path(a.get("results_dir", "results")).resolve()
-    store = ResultStore(results_dir, a.get("storage"))
-    url = a.get("storage") or store.remembered()
+    given = _unquoted(a.get("search.storage") or a.get("storage"))
+    store = ResultStore(results_dir, given)
+    url = given or store.remembered()
     if not url or "://" not in url:
-        raise RegressError(f"results {action}: which database? give storage=postgresql://"
-                           "USER@HOST/DB (the password from ~/.pgpass or PGPASSWORD)")
+        raise RegressError(f"results {action}: which database? give search.storage="
+                           "postgresql://USER@HOST/DB (the password from ~/.pgpass or "
+                           "PGPASSWORD)")
     if action == "migrate":
         from hcp_tune.engine.housekeeping import migrate
 

@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hcp_tune.outputs import recommend
+from hcp_tune.redact import redact
 
 TABLE_WIDTH = 100  # every default table fits this many columns; the rest: format=json
 MAX_GROUPS_SHOWN = 4  # groups listed per level in the table; format=json lists them all
@@ -71,7 +72,9 @@ def say(*lines: str) -> None:
 
 
 def error_line(message: str) -> None:
-    for line in str(message).splitlines() or [""]:
+    """The command's error, credentials removed (``hcp_tune.redact``): a message may
+    quote what the user typed, a database URL with its password included."""
+    for line in redact(str(message)).splitlines() or [""]:
         print(f"hcp-tune: error: {line}", file=sys.stderr)
 
 

@@ -5,6 +5,7 @@ once; a refused login or an unreachable host is one line, exit 2, nothing writte
 import json
 import os
 import multiprocessing as mp
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from hcp_tune.engine import rdb, tuner
 from hcp_tune.engine.store import ResultStore
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import REPO, TINY, hcp, start  # noqa: E402
+from helpers import REPO, TINY, hcp, rows, start, wait_for  # noqa: E402
 from test_store import KEY, row  # noqa: E402
 
 pytestmark = pytest.mark.postgres
@@ -65,7 +66,7 @@ def test_two_folders_at_once_get_one_ranking_and_an_empty_third_sees_all(postgre
     ranked = [(tmp_path / w / "recommendations.csv").read_text() for w in ("alice", "bob")]
     assert ranked[0] == ranked[1]  # one ranking
     third = tmp_path / "carol"
-    r = hcp("results", "sync", f"results_dir={third}", f"storage={postgres_db}")
+    r = hcp("results", "sync", f"results_dir={third}", f"search.storage={postgres_db}")
     assert r.returncode == 0, r.stderr
     assert "trials.csv holds 12 trial(s)" in r.stdout
     (rec,) = ResultStore(third).recommendations()
@@ -125,36 +126,39 @@ def test_migrate_moves_a_journal_folder_once_with_a_count_check(postgres_db, tmp
         store.add(row(2, 1.0 + n / 10, n=n), KEY)
     store.rebuild()  # into journals/
     assert (folder / "journals").is_dir()
-    r = hcp("results", "migrate", f"results_dir={folder}", f"storage={postgres_db}")
+    r = hcp("results", "migrate", f"results_dir={folder}", f"search.storage={postgres_db}")
     assert r.returncode == 0, r.stderr
     assert "1 studies migrated" in r.stdout and "4 trial(s) copied, 0 already there" in r.stdout
-    r = hcp("results", "migrate", f"results_dir={folder}", f"storage={postgres_db}")
+    r = hcp("results", "migrate", f"results_dir={folder}", f"storage={postgres_db}")  # old name
     assert r.returncode == 0, r.stderr
     assert "0 trial(s) copied, 4 already there" in r.stdout  # twice adds nothing
     held = tuner.Ledger(tuner.open_storage(postgres_db)).rows()
     assert len(held) == 4
     third = tmp_path / "empty"
-    assert hcp("results", "sync", f"results_dir={third}", f"storage={postgres_db}"
-               ).returncode == 0
+    assert hcp("results", "sync", f"results_dir={third}", f"search.storage='{postgres_db}'"
+               ).returncode == 0  # quoted as for sweep: the same URL
     assert (third / "trials.csv").read_text() == (folder / "trials.csv").read_text()
 
 
-@pytest.mark.parametrize("where", ["wrong password", "unreachable host"])
+@pytest.mark.parametrize("where", ["wrong password", "unreachable host", "query string"])
 def test_a_database_that_cannot_be_used_is_one_line_exit_2_nothing_written(
         postgres_server, tmp_path, where):
     port = postgres_server.rpartition("port=")[2]  # the script's server, over TCP
-    url = f"postgresql://hcp:wrong@127.0.0.1:{port}/hcp" if where == "wrong password" \
-        else "postgresql://hcp:x@127.0.0.1:1/hcp"  # nothing listens on port 1
+    url = {"wrong password": f"postgresql://hcp:wrong@127.0.0.1:{port}/hcp",
+           "unreachable host": "postgresql://hcp:x@127.0.0.1:1/hcp",  # nothing on port 1
+           # as a team writes it, unquoted: reaches the driver, which refuses the login
+           "query string": f"postgresql://hcp:wrong@127.0.0.1:{port}/hcp?sslmode=disable"
+                           "&connect_timeout=3"}[where]
     res = tmp_path / "results"
     r = hcp("sweep", "cp=2", "seq=1024", *TINY, "executor=local", f"results_dir={res}",
             f"search.storage={url}")
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert "cannot use the database" in line and "wrong" not in line  # no password shown
-    assert ("password authentication failed" if where == "wrong password"
-            else "Connection refused") in line
+    assert ("Connection refused" if where == "unreachable host"
+            else "password authentication failed") in line
     assert not res.exists()
-    r = hcp("results", "sync", f"results_dir={res}", f"storage={url}")
+    r = hcp("results", "sync", f"results_dir={res}", f"search.storage={url}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert not res.exists()
 
@@ -225,3 +229,32 @@ def test_two_sweeps_of_one_key_at_once_and_recommend_from_a_third_folder(postgre
     ids = set(pd.read_csv(tmp_path / "carol" / "trials.csv")["trial_id"])
     for who in ("alice", "bob"):
         assert set(pd.read_csv(tmp_path / who / "trials.csv")["trial_id"]) <= ids
+
+
+def test_a_killed_sweep_given_a_password_leaves_it_in_no_file(postgres_server, postgres_db,
+                                                              tmp_path):
+    """The password typed in search.storage (a URL with a query string, unquoted) is in no
+    file of the folder, neither after a sweep killed with SIGKILL (its marker stays) nor
+    after the sweep that resumes it, which removes the dead sweep's marker."""
+    port = postgres_server.rpartition("port=")[2]
+    name = postgres_db.partition("/t_")[2].partition("?")[0]
+    url = f"postgresql://hcp:hcp-local@127.0.0.1:{port}/t_{name}?sslmode=disable"
+    res = tmp_path / "results"
+    args = ["sweep", "cp=2", "seq=1024", *TINY, "executor=local", f"results_dir={res}",
+            f"search.storage={url}"]
+
+    def files_with_password() -> list[str]:
+        return [str(p) for p in res.rglob("*") if p.is_file() and b"hcp-local" in p.read_bytes()]
+
+    proc = start(*args)
+    wait_for(lambda: rows(res), what="the first stored trial")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    (dead,) = (res / "sweeps").glob("*.running")  # what a killed sweep leaves
+    assert files_with_password() == []
+    r = hcp(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(rows(res)) == 2 and not dead.exists() and not list(res.glob("sweeps/*.running"))
+    assert files_with_password() == []
+    assert json.loads((res / ".ledger.json").read_text())["storage"] == url.replace(
+        ":hcp-local@", "@")
