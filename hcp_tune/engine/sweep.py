@@ -142,6 +142,7 @@ class Sweeper(Collector):
         s.resumed, s.reattached, s.retried = plan.resumed, plan.reattached, plan.retried
         s.kept_failures = {k: dict(v) for k, v in plan.kept_failures.items()}
         s.estimate = plan.estimate_text
+        s.refused = list(plan.refused)
         self.costs = dict(plan.costs)
         for key, rows in plan.stored.items():
             for r in rows:

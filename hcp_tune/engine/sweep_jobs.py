@@ -97,6 +97,8 @@ class SweepSummary:
     estimate: str = ""  # what the planned trials will cost, estimated (budget.Estimate.text)
     budget_stop: str = ""  # why search.budget_gpu_hours stopped submitting, if it did
     retry: str = "none"  # search.retry as given
+    # (tp, seq) of the keys runner=bridge refused: every layout predicted not to fit
+    refused: list[tuple[int, int]] = field(default_factory=list)
 
     def kept_failures_total(self) -> dict[str, int]:
         total: dict[str, int] = {}

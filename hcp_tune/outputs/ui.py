@@ -189,7 +189,7 @@ class SweepReporter:
         else:
             stamp = time.strftime("%H:%M:%S")
             tail = f" (best so far {self.best[key]})" if key in self.best else ""
-            print(f"[{stamp}] {spec.trial_id} {layout} {key}: {status} {detail}{tail}", flush=True)
+            say(f"[{stamp}] {spec.trial_id} {layout} {key}: {status} {detail}{tail}")
 
     def _table(self) -> Table:
         counts: dict[str, int] = {}
@@ -261,6 +261,14 @@ def unmeasured_lines(summary: Any, ranked: set, trials_csv: Any) -> list[str]:
         return ["sweep: nothing measured: no layout of this sweep is kept (see `python -m "
                 "hcp_tune plan` with the same overrides for the reasons)"]
     lines, total, total_kept = [], {}, 0
+    refused = [k for k in missing if (k.tp, k.seq) in set(summary.refused)]
+    for key in refused:
+        lines.append(f"sweep: nothing measured for tp={key.tp} seq={key.seq}: refused, every "
+                     "layout is predicted not to fit (the change that would fit is printed "
+                     "above; search.allow_predicted_oom=true measures it anyway)")
+    missing = [k for k in missing if k not in refused]
+    if refused and not missing:
+        return lines
     for key in missing:
         counts, kept = merged(key)
         total_kept += kept

@@ -237,3 +237,15 @@ def test_the_sweep_shows_the_recommendations_of_its_own_keys_only():
     assert len(recs) == 3
     (got,) = _own_recommendations(SweepSummary(keys=[K256], recommendations=recs))
     assert {f: got[f] for f in KEY_FIELDS} == {f: getattr(K256, f) for f in KEY_FIELDS}
+
+
+def test_a_sweep_whose_every_key_was_refused_says_so_not_that_no_trial_ended_ok():
+    from hcp_tune.engine.sweep import SweepSummary
+    from hcp_tune.outputs.ui import unmeasured_lines
+
+    plan = plan_sweep(config.load(OOM_KEY), [], {})
+    key = next(k for k in plan.keys if k.seq == 131072)
+    summary = SweepSummary(keys=[key], refused=list(plan.refused))
+    (line,) = unmeasured_lines(summary, set(), "trials.csv")
+    assert "tp=1 seq=131072: refused, every layout is predicted not to fit" in line
+    assert "no trial ended ok" not in line
