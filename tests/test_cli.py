@@ -297,3 +297,19 @@ def test_orchestrator_commands_do_not_import_torch(command):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_piped_sweeps_trial_lines_wrap_at_the_width(monkeypatch, capsys):
+    """A trial's progress line (a failure's detail names its log) wraps between words at
+    $COLUMNS; the log's path, one word, stays whole."""
+    from types import SimpleNamespace
+
+    from hcp_tune.outputs.ui import SweepReporter
+
+    monkeypatch.setenv("COLUMNS", "60")
+    spec = SimpleNamespace(a2a=2, p2p=1, tp=1, seq=1024, trial_id="f4050ba726ad-t000-a2")
+    log = "/results/jobs/29894/29894_0_log.err"
+    SweepReporter(live=False).trial(spec, "failed", f"nccl_timeout: the collective hung; see {log}")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 1 and all(len(line) <= 60 for line in lines)
+    assert any(line.strip() == log or line.endswith(log) for line in lines)
