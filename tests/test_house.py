@@ -16,8 +16,7 @@ PKG = Path(__file__).resolve().parents[1] / "hcp_tune"
 LAYERS = ("contract", "upstream", "config", "space", "costmodel", "engine", "outputs", "top")
 CONTRACT = {"hcp_tune", "hcp_tune.spec", "hcp_tune.errors", "hcp_tune.noise", "hcp_tune.flops",
             "hcp_tune.merge", "hcp_tune.redact"}
-TOP = {"hcp_tune.cli", "hcp_tune.__main__", "hcp_tune.calibrate", "hcp_tune.launch",
-       "hcp_tune.results"}
+TOP = {"hcp_tune.cli", "hcp_tune.__main__", "hcp_tune.calibrate", "hcp_tune.results"}
 # The orchestrator -> job edges that must exist, each with its reason.
 ORCHESTRATOR_TO_JOB = {
     ("hcp_tune.config.settings", "hcp_tune.job.bridge.config"):

@@ -19,7 +19,7 @@ attention), so the proof is structural, at train start:
 
 ``collect`` reads one rank's evidence (job side: torch, Megatron-Core); the rules
 (``check_cp_active``) are pure functions of that recorded evidence, which
-is what the tests and the production guard (``bridge_guard``) share.
+is what the tests and the production guard (``bridge.guard``) share.
 """
 from __future__ import annotations
 
