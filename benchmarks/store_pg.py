@@ -36,16 +36,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from stamp import write_results  # noqa: E402
 
 import store_gen  # noqa: E402
+from store_pg_faults import faults, sh  # noqa: E402
 from store_scale import shape  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "postgres-local.sh"
 TARGETS = {"sync24": 2.0, "recommend": 1.0}
 REPEATS = 3  # each timed command runs this often; the table gives the fastest and all
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, **kw)
 
 
 def server() -> str:
@@ -227,92 +224,6 @@ def hcp(*args: str, env: dict | None = None, timeout: float = 600) -> dict:
             "stderr_lines": r.stderr.strip().splitlines()}
 
 
-WRITER = """
-import sys, json
-sys.path.insert(0, {bench!r})
-import store_gen
-from hcp_tune.engine import tuner
-from hcp_tune.engine.store import ResultStore
-from hcp_tune.errors import HcpError
-url, folder, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-key = store_gen.key_of(0, 0)
-store = ResultStore(folder)
-try:
-    study = tuner.LayoutStudy(store.ledger(url), key.name, store_gen.kept_a2a(key.tp))
-    for i in range(n):
-        number, trial_id, a2a = study.ask(2, "writer-" + folder.rsplit("/", 1)[-1])
-        row = store_gen.synthetic_row(key, 10**6 + i, a2a)
-        row["trial_id"] = trial_id
-        store.add(row, key)  # the row file first, as a sweep does
-        study.tell(number, None, None, row=row)
-        print("told", i, trial_id, flush=True)
-except HcpError as e:
-    print("hcp-tune: error:", e, file=sys.stderr)
-    sys.exit(e.exit_code)
-"""
-
-
-def writer(url: str, folder: Path, n: int, retry_s: float) -> subprocess.Popen:
-    env = {**ENV, "HCP_TUNE_DB_RETRY_S": str(retry_s)}
-    return subprocess.Popen([sys.executable, "-c", WRITER.format(bench=str(Path(__file__).parent)),
-                             url, str(folder), str(n)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-
-
-def wait_told(proc: subprocess.Popen, k: int) -> list[str]:
-    lines = []
-    while len(lines) < k:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-    return lines
-
-
-def count_in_db(url: str, prefix: str) -> int:
-    from hcp_tune.engine import tuner
-
-    rows = tuner.Ledger(tuner.open_storage(url)).rows([store_gen.key_of(0, 0).name])
-    return sum(1 for (_, tid) in rows if tid.startswith(prefix))  # (the writers' key)
-
-
-def faults(base: str, url: str, tmp: Path) -> dict:
-    out = {}
-    port = base.split("port=")[1]
-    for name, bad in (("wrong password", f"postgresql://hcp:wrong@127.0.0.1:{port}/hcp"),
-                      ("unreachable host", "postgresql://hcp:x@127.0.0.1:1/hcp")):
-        folder = tmp / name.replace(" ", "-")
-        r = hcp("results", "sync", f"results_dir={folder}", f"storage={bad}")
-        out[name] = {**r, "written": folder.exists()}
-    # the server restarted while a writer tells trials: retried, nothing lost
-    folder = tmp / "restart"
-    proc = writer(url, folder, 30, retry_s=120)
-    first = wait_told(proc, 10)
-    t0 = time.perf_counter()
-    restart = sh(str(SCRIPT), "restart", timeout=120)
-    restart_s = time.perf_counter() - t0
-    rest, err = proc.communicate(timeout=600)
-    out["restart"] = {"rc": proc.returncode, "restart_rc": restart.returncode,
-                      "restart_s": restart_s, "told": len(first) + len(rest.splitlines()),
-                      "retries": sum("retrying" in line for line in err.splitlines()),
-                      "in_db": count_in_db(url, "writer-restart")}
-    # down longer than the retry period (3 s): one line, what to re-run; the re-run imports
-    folder = tmp / "outage"
-    proc = writer(url, folder, 30, retry_s=3)
-    first = wait_told(proc, 5)
-    halt = sh(str(SCRIPT), "halt", timeout=120)
-    rest, err = proc.communicate(timeout=600)
-    lines = [x for x in err.splitlines() if "retrying" not in x]
-    start = sh(str(SCRIPT), "start", timeout=300)
-    files = len(list(folder.glob("rows/*/*.json")))
-    rerun = hcp("results", "sync", f"results_dir={folder}", f"storage={url}")
-    out["outage"] = {"rc": proc.returncode, "halt_rc": halt.returncode,
-                     "start_rc": start.returncode, "told": len(first) + len(rest.splitlines()),
-                     "lines": lines, "row_files": files, "rerun_rc": rerun["rc"],
-                     "in_db_after_rerun": count_in_db(url, "writer-outage")}
-    return out
-
-
 def first_sync(base: str, n: int = 2500) -> dict:
     """The first sync of an empty folder, at a small N (its cost is per trial: each row
     file written with an fsync, each key's study read once)."""
@@ -322,7 +233,7 @@ def first_sync(base: str, n: int = 2500) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="hcp-store-pg-first-"))
     try:
         fill(url, key_list, per_key)
-        r = hcp("results", "sync", f"results_dir={tmp / 'view'}", f"storage={url}")
+        r = hcp("results", "sync", f"results_dir={tmp / 'view'}", f"search.storage={url}")
         return {**r, "trials": len(key_list) * per_key, "keys": len(key_list)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -375,7 +286,7 @@ def run(n: int) -> dict:
         small = new_db(base)  # the faults on a database of their own: a re-run's first sync
         try:  # of an empty folder reads every key (its cost is per trial, as measured above)
             fill(small, store_gen.keys(2, 3), 10)
-            res["faults"] = faults(base, small, tmp)
+            res["faults"] = faults(base, small, tmp, hcp, ENV)
         finally:
             drop_db(base, small)
         print("faults", json.dumps(res["faults"], default=str)[:2000], flush=True)
