@@ -105,15 +105,15 @@ def child(op: str, root: Path, nights: int, keys_per_night: int) -> dict:
         from sweep_overhead import Quiet
 
         from hcp_tune import config
-        from hcp_tune.costmodel import predict
         from hcp_tune.engine import dispatch
+        from hcp_tune.engine.runner_choice import resolve_runner
         from hcp_tune.engine.sweep import Sweeper
 
         args = [a for a in store_gen.sweep_args(nights - 1, keys_per_night)
                 if not a.startswith("env_tag=")]
         cfg = config.load([*args, "env_tag=nightly-submit", f"results_dir={root}",
                            "executor=slurm"])  # what cmd_sweep does, up to the first job
-        runner, _ = predict.resolve_runner(cfg.runner.name)
+        runner, _ = resolve_runner(cfg.runner.name)
         config.writable_dir(cfg.results_dir)
         cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, name=runner))
         sweeper = Sweeper(cfg, Quiet())

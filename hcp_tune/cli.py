@@ -170,12 +170,11 @@ def cmd_sweep(args: list[str]) -> int:
 
     from hcp_tune import config
     from hcp_tune.costmodel import predict
+    from hcp_tune.engine.runner_choice import sweep_runner
     from hcp_tune.outputs import ui
 
     cfg = config.load(args)
-    runner, reason = predict.resolve_runner(cfg.runner.name)
-    if runner not in ("model", "synthetic"):  # synthetic trials run here: no SLURM to ask
-        runner, reason = _slurm_here(cfg, runner, reason)
+    runner, reason = sweep_runner(cfg)  # runner=auto decided, SLURM asked: nothing written
     if runner == "synthetic":  # a bad truth file: one line, before anything is written
         from hcp_tune.engine import synthetic
 
@@ -206,28 +205,6 @@ def cmd_sweep(args: list[str]) -> int:
     return EXIT_FINDINGS if summary.aborted or not recs else EXIT_OK
 
 
-def _slurm_here(cfg, runner: str, reason: str) -> tuple[str, str]:
-    """Ask SLURM, before anything is written, whether it can run the sweep. Installed but
-    not answering: ``runner=auto`` predicts (saying why), an asked-for runner stops with
-    one line (exit 5). Answering without the nodes a trial needs: ``runner=auto`` predicts."""
-    from hcp_tune.engine import dispatch, slurm_probe
-
-    if dispatch.resolve_executor_name(cfg.executor.name) != "slurm":
-        return runner, reason
-    answer = slurm_probe.ask()
-    auto = cfg.runner.name == "auto"
-    if answer.error and (not auto or cfg.executor.name == "slurm"):
-        raise slurm_probe.refuse(answer, cfg.executor.name)
-    if answer.error:
-        return "model", (f"runner=auto: SLURM is installed but does not answer "
-                         f"({answer.error}): predicting with the cost model, nothing measured")
-    small = slurm_probe.cannot_host(cfg, answer) if auto else ""
-    if small:  # a login node of another cluster, or a one-node test cluster
-        return "model", (f"runner=auto: {small}: predicting with the cost model; measure on a "
-                         "cluster that fits (or give runner=attention to submit anyway)")
-    return runner, reason
-
-
 def _own_recommendations(summary) -> list[dict]:
     """The recommendations of this sweep's keys, selected by the keys' fields."""
     return [r for r in summary.recommendations if any(k.holds(r) for k in summary.keys)]
@@ -239,7 +216,7 @@ def cmd_trial(args: list[str]) -> int:
 
     from hcp_tune import config
     from hcp_tune.config.schema import as_int
-    from hcp_tune.costmodel import predict
+    from hcp_tune.engine.runner_choice import resolve_runner
     from hcp_tune.space import plan
 
     a2a_args = [a for a in args if a.startswith("a2a=")]
@@ -249,7 +226,7 @@ def cmd_trial(args: list[str]) -> int:
     cfg = config.load([a for a in args if not a.startswith("a2a=")])
     if len(cfg.seqs) != 1 or len(cfg.tps) != 1:
         raise ConfigError("trial runs one layout: give one seq and one tp value")
-    runner, _ = predict.resolve_runner(cfg.runner.name, command="trial")
+    runner, _ = resolve_runner(cfg.runner.name, command="trial")
     cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, name=runner))
     cands = {c.layout.a2a: c for c in plan.candidates(cfg)}
     if a2a not in cands:

@@ -12,8 +12,6 @@
   predicted time is within the model's band of the best (``costmodel.band``): too close to
   call, with the ``sweep`` command that measures exactly them (``settle_command``); for a
   key outside the band's domain (``band.domain_gaps``), every layout that fits.
-- ``resolve_runner(name, command=)``: ``runner=auto`` -> model (no GPU, no SLURM) or
-  attention for ``sweep``; always attention for ``trial``, which measures.
 
 Calibrated parameters for ``cfg.cluster``/``cfg.env_tag`` are used when stored; otherwise
 the shipped calibration the cluster profile names (``calibration:``), otherwise the
@@ -24,14 +22,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-import shutil
 from typing import Any
 
 from hcp_tune.config import SweepConfig
 from hcp_tune.costmodel import band, memory
 from hcp_tune.costmodel.calibrate import load_params, load_shipped, params_path
 from hcp_tune.costmodel.formulas import CostParams, Prediction, label_for, predict
-from hcp_tune.errors import ConfigError
 from hcp_tune.space.layout import Candidate
 from hcp_tune.space.plan import candidates as plan_candidates
 from hcp_tune.space.plan import crossing, notes
@@ -227,35 +223,3 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
                       "p2p": c.layout.p2p, "sizes": c.layout.sizes, "reasons": list(c.reasons)}
                      for c in cands if not c.kept],
     }
-
-
-def resolve_runner(name: str, *, command: str = "sweep") -> tuple[str, str]:
-    """The runner to use for ``runner=name`` and a one-line reason ('' when as asked).
-
-    ``name`` was checked at load (settings.RunnerConfig). For ``sweep``, ``auto`` picks
-    ``model`` when this machine has no GPU (no ``nvidia-smi`` on PATH) and no SLURM (no
-    ``sbatch``), else ``attention``. ``trial`` always measures: ``auto`` is ``attention``
-    there and ``model`` is an error. Never imports torch.
-    """
-    if command == "trial":
-        if name == "synthetic":
-            raise ConfigError(
-                "runner=synthetic: trial measures one layout on this machine, and a synthetic "
-                "trial measures nothing; sweep it instead (python -m hcp_tune sweep ... "
-                "runner=synthetic runner.truth=FILE), or use runner=attention to measure")
-        if name == "model":
-            raise ConfigError(
-                "runner=model: trial measures one layout and runner=model only predicts; "
-                "use runner=attention (or auto), or `python -m hcp_tune predict ...` to predict")
-        return ("attention" if name == "auto" else name), ""
-    if name == "model":
-        return "model", ("runner=model: predicting with the cost model, nothing is measured; "
-                         "use runner=attention to measure")
-    if name != "auto":
-        return name, ""
-    gpu, slurm = shutil.which("nvidia-smi"), shutil.which("sbatch")
-    if gpu or slurm:
-        found = " and ".join(x for x, y in (("a GPU", gpu), ("SLURM", slurm)) if y)
-        return "attention", f"runner=auto: {found} here: measuring with runner=attention"
-    return "model", ("runner=auto: no GPU and no SLURM here: predicting with the cost model; "
-                     "run on a cluster with executor=slurm runner=attention to measure")

@@ -64,7 +64,7 @@ class Sweeper(Collector):
         runner = cfg.runner.name
         if runner not in ("attention", "bridge", "synthetic"):
             raise ValueError(f"Sweeper measures: runner={runner!r} must be resolved first "
-                             "(predict.resolve_runner)")
+                             "(runner_choice.resolve_runner)")
         # runner=synthetic: trials drawn from a truth file, run in this process (no jobs)
         self.truth = synthetic.check_sweep(cfg) if runner == "synthetic" else None
         self.cfg = cfg

@@ -211,7 +211,7 @@ class SweepReporter:
 
 
 def print_sweep_runner(reason: str) -> None:
-    """Why the sweep measures with another runner than asked (``predict.resolve_runner``)."""
+    """Why the sweep measures with another runner than asked (``runner_choice``)."""
     if reason:
         print(reason, file=sys.stderr)
 

@@ -121,35 +121,6 @@ def test_skip_factor_below_one_is_refused_at_load_with_the_fix(factor):
         config.load([f"search.skip_predicted_slower_than={str(factor).lower()}"])
 
 
-# ------------------------------------------------------------------ runner choice
-
-def test_runner_model_and_auto_are_options():
-    assert config.load(["runner=model"]).runner.name == "model"
-    assert config.load(["runner=auto"]).runner.name == "auto"
-
-
-def test_auto_without_gpu_or_slurm_predicts_and_says_how_to_measure(monkeypatch):
-    monkeypatch.setattr(predict.shutil, "which", lambda name: None)
-    runner, why = predict.resolve_runner("auto")
-    assert runner == "model"
-    assert why == ("runner=auto: no GPU and no SLURM here: predicting with the cost model; "
-                   "run on a cluster with executor=slurm runner=attention to measure")
-
-
-@pytest.mark.parametrize("present", ["nvidia-smi", "sbatch"])
-def test_auto_with_gpu_or_slurm_measures(monkeypatch, present):
-    monkeypatch.setattr(predict.shutil, "which", lambda name: "/x" if name == present else None)
-    runner, why = predict.resolve_runner("auto")
-    assert runner == "attention" and "measuring with runner=attention" in why
-
-
-def test_explicit_runners_pass_through():
-    assert predict.resolve_runner("attention") == ("attention", "")
-    assert predict.resolve_runner("model")[0] == "model"
-    with pytest.raises(ConfigError, match="runner.name='gpu': expected one of auto, attention"):
-        config.load(["runner.name=gpu"])
-
-
 def test_layouts_that_do_not_fit_are_never_ranked_and_the_smallest_fitting_change_is_named():
     r = run("predict", "cp=8", "seq=131072", "tp=1", "pp=1", "model=llama3-8b",
             "cluster=dgx-h100", "format=json")
