@@ -23,6 +23,7 @@ from hcp_tune.outputs.regress.view import (
     cells,
     next_steps,
     shared_levels,
+    shift_advice,
     shift_lines,
     spread_line,
     summary_line,
@@ -69,7 +70,8 @@ def regress_page(report: Comparison) -> str:
     o = report.options
     body = [f"<p><b>{svg.esc(summary_line(report))}</b></p>"]
     body += _warnings(shift_lines(report) + shared_levels(report) + [spread_line(report)]
-                      + winner_lines(report) + next_steps(report) + report.warnings)
+                      + shift_advice(report) + winner_lines(report) + next_steps(report)
+                      + report.warnings)
     body.append(_table(HEADERS, [cells(c) for c in report.comparisons],
                        ["flagged" if c.flagged else "inconclusive" if c.inconclusive else ""
                         for c in report.comparisons]))

@@ -83,6 +83,17 @@ def shift_lines(report: Comparison) -> list[str]:
     return out
 
 
+def shift_advice(report: Comparison) -> list[str]:
+    """Why an inconclusive shift of step time needs another design, not more trials."""
+    e, sp = report.shift, report.spread
+    if e is None or e.verdict != "inconclusive" or sp is None:
+        return []
+    return [f"the common shift of step time is inconclusive: two sessions may differ by "
+            f"N(0, 2 S^2) (S={sp.session * 100:.2g}%), which no number of trials in these "
+            "sessions narrows; measure both tags in one allocation (regress run) or the "
+            "baseline again beside the candidate"]
+
+
 def spread_line(report: Comparison) -> str:
     """The session spreads the verdicts allowed for, and where they came from."""
     sp = report.spread
@@ -165,12 +176,6 @@ def next_steps(report: Comparison) -> list[str]:
             out.append(f"{key_text(c.key)} {c.layout}: inconclusive, and the change is about "
                        f"the size of the threshold ({pct(o.threshold)}): more than "
                        f"{o.max_trials} trials per tag would be needed (max_trials=)")
-    for name, e in report.shifts:
-        if e.verdict == "inconclusive" and name == "step time" and report.spread:
-            out.append(f"the common shift of {name} is inconclusive: two sessions may differ "
-                       f"by N(0, 2 S^2) (S={report.spread.session * 100:.2g}%), which no "
-                       "number of trials in these sessions narrows; measure both tags in one "
-                       "allocation (regress run) or the baseline again beside the candidate")
     reasons: dict[str, list[str]] = {}
     for c in report.comparisons:
         if c.mem_verdict == "n/a" and c.mem_reason:
@@ -227,7 +232,7 @@ def print_report(report: Comparison, written: list[str]) -> None:
                           "yellow" if c.inconclusive else None)
         out.print(table)
     say(*(shift_lines(report) + shared_levels(report) + [spread_line(report)]
-          + winner_lines(report)))
+          + shift_advice(report) + winner_lines(report)))
     for line in next_steps(report):
         print(line)  # a command the user copies: never wrapped
     say(*[f"warning: {w}" for w in report.warnings], f"method: {report.method}",
@@ -244,7 +249,8 @@ def markdown(report: Comparison) -> str:
     lines = [f"# Regression: {report.options.baseline} (baseline) vs "
              f"{report.options.candidate} (candidate)", "", summary_line(report), ""]
     lines += ["## Common shift", ""] + [f"- {_md_escape(x)}" for x in shift_lines(report)
-                                        + shared_levels(report) + [spread_line(report)]]
+                                        + shared_levels(report) + [spread_line(report)]
+                                        + shift_advice(report)]
     lines.append("")
     if report.warnings:
         lines += ["## Warnings", ""] + [f"- {_md_escape(w)}" for w in report.warnings] + [""]
