@@ -108,7 +108,8 @@ def fingerprint(env, device, hosts: Optional[list[str]] = None) -> dict:
         "rank_nodes": rank_nodes(hosts),
         "launcher": env.source,
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a plain str: TorchVersion would make the
+        # orchestrator import torch (3 s) to unpickle a job's results
         "megatron_core": dist_version("megatron-core") or dist_version("megatron_core"),
         "transformer_engine": te_version(),
         "megatron_bridge": dist_version("megatron-bridge") or dist_version("megatron_bridge"),

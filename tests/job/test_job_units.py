@@ -189,3 +189,23 @@ def test_ranks_on_a_node_share_its_cores(monkeypatch):
     assert threads("slurm", 4, ("n1",), SLURM_CPUS_PER_TASK="3") == "3"  # SLURM's own say
     assert threads("slurm", 4, ("n1",), OMP_NUM_THREADS="5") == "5"  # the user's wins
     assert threads("single", 1, ()) is None  # one process: torch's own default
+
+
+def test_a_fingerprint_unpickles_without_torch():
+    """What a job returns is read by the orchestrator, which must not import torch to
+    unpickle it (3 s of every sweep's tail and of every adaptive round's boundary): the
+    fingerprint holds builtins only (torch.__version__ is a TorchVersion, a str subclass)."""
+    import pickle
+    import pickletools
+    from types import SimpleNamespace
+
+    import torch
+
+    from hcp_tune.job.backend import fingerprint
+
+    fp = fingerprint(SimpleNamespace(source="slurm"), torch.device("cpu"), hosts=["node-a"])
+    globals_ = [arg for op, arg, _ in pickletools.genops(pickle.dumps(fp))
+                if op.name in ("GLOBAL", "STACK_GLOBAL", "SHORT_BINUNICODE") and arg
+                and "torch" in str(arg) and "." in str(arg)]
+    assert fp["torch"] == torch.__version__ and type(fp["torch"]) is str
+    assert globals_ == []
