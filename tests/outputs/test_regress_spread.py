@@ -95,17 +95,24 @@ def _stack_rows(tag, shift, effects, rng, n=4, fp=None):
     return rows
 
 
+def nights_of_a_stack(tags, cand, *, seqs, seed, session, layout):
+    """One stack measured under ``tags`` (a session each: shift N(0, session), each layout
+    N(0, layout) more), and ``cand`` on another TE, 1.5x slower everywhere."""
+    rng = random.Random(seed)
+    keys = [(seq, a2a) for seq in seqs for a2a in (1, 2, 4, 8)]
+    rows = []
+    for tag in tags:
+        effects = {k: math.exp(rng.gauss(0, layout)) for k in keys}
+        rows += _stack_rows(tag, math.exp(rng.gauss(0, session)), effects, rng)
+    return rows + _stack_rows(cand, 1.5, {k: 1.0 for k in keys}, rng,
+                              fp={**FP, "transformer_engine": "2.10.0"})
+
+
 def test_the_spreads_are_learned_from_a_stack_measured_in_several_sessions():
     """Four nights of the same stack under their own tags: S and L come from them (the
     candidate's tag never counts), and the source says so."""
-    rng = random.Random(3)
-    keys = [(seq, a2a) for seq in SEQS[:4] for a2a in (1, 2, 4, 8)]
-    rows = []
-    for night_no in range(4):
-        effects = {k: math.exp(rng.gauss(0, 0.01)) for k in keys}
-        rows += _stack_rows(f"n{night_no}", math.exp(rng.gauss(0, 0.03)), effects, rng)
-    rows += _stack_rows("cand", 1.5, {k: 1.0 for k in keys}, rng,
-                        fp={**FP, "transformer_engine": "2.10.0"})
+    rows = nights_of_a_stack(["n0", "n1", "n2", "n3"], "cand", seqs=SEQS[:4], seed=3,
+                             session=0.03, layout=0.01)
     got = from_history(rows, "cand")
     assert got is not None and got.source.startswith("learned from 4 sessions in this folder")
     assert 0.005 < got.session < 0.08 and 0.004 < got.layout < 0.02
@@ -151,14 +158,8 @@ def test_a_a_nights_with_the_spreads_given_flag_at_most_the_family_wise_rate():
 def test_regress_learns_the_spreads_from_the_folder_and_says_so(tmp_path, capsys):
     """The CLI reads the other tags of the compared keys: three nights of the baseline's
     stack teach S and L, and the verdict names where they came from."""
-    rng = random.Random(5)
-    keys = [(seq, a2a) for seq in SEQS[:3] for a2a in (1, 2, 4, 8)]
-    rows = []
-    for night_no in range(3):
-        effects = {k: math.exp(rng.gauss(0, 0.005)) for k in keys}
-        rows += _stack_rows(f"te-2.9-n{night_no}", math.exp(rng.gauss(0, 0.02)), effects, rng)
-    rows += _stack_rows("te-2.10", 1.0, {k: 1.0 for k in keys}, rng,
-                        fp={**FP, "transformer_engine": "2.10.0"})
+    rows = nights_of_a_stack([f"te-2.9-n{i}" for i in range(3)], "te-2.10", seqs=SEQS[:3],
+                             seed=5, session=0.02, layout=0.005)
     res = store(tmp_path / "res", rows)
     main(["regress", "baseline=te-2.9-n0", "candidate=te-2.10", f"results_dir={res}"])
     out = " ".join(capsys.readouterr().out.split())
