@@ -156,7 +156,7 @@ def test_the_pareto_column_comes_from_the_study(tmp_path):
     assert rec["a2a"] == 2 and rec["pareto"] == "[1,4] [2,2]"  # [4,1] is dominated
     header = (root / "recommendations.csv").read_text().splitlines()[0]
     assert header == ",".join(RECOMMENDATION_COLUMNS)
-    assert header.endswith(",pareto,tokens_per_gpu_s,schema_version")
+    assert header.endswith(",pareto,tokens_per_gpu_s,stopped_early,level,schema_version")
 
 
 def test_trials_whose_memory_was_not_measured_are_never_on_the_pareto_front(tmp_path):
