@@ -73,7 +73,39 @@ def regimes(tuning: bool) -> list[tuple[str, dict[str, Any]]]:
         ("two equal best, log-normal 2%", d([1.0, 1.0, 1.10, 1.20], [_ln(0.02)] * 4)),
         ("close, 2%, per-layout session effect N(0, 2%)",
          d(close, [_ln(0.02)] * 4, {"layout_sd": 0.02})),
+        *([] if tuning else [recorded(32768), recorded(131072)]),
     ]
+
+
+RECORDING = Path(__file__).resolve().parent / "recordings" / "h200-attention-compute.jsonl"
+
+
+def recorded(seq: int) -> tuple[str, dict[str, Any]]:
+    """A regime from the H200 recording (gpu_recording.py: one CP rank's attention compute
+    for the 4 splits of cp=8, 8 trials a layout in each of 6 sessions on two machines):
+    each layout's true time the mean of its sessions' log trial medians, the trials'
+    log-normal spread the pooled within-session one, the session's common shift and the
+    layout x session effect from the session means (a two-way decomposition)."""
+    import math
+    import statistics as st
+
+    rows = [json.loads(ln) for ln in RECORDING.read_text().splitlines() if ln.strip()]
+    cell: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        if r["seq"] == seq:
+            cell.setdefault((r["session"], r["a2a"]), []).append(math.log(r["median_s"]))
+    sessions = sorted({s for s, _ in cell})
+    m = {k: st.mean(v) for k, v in cell.items()}
+    lay = {a: st.mean(m[(s, a)] for s in sessions) for a in loop.LAYOUTS}
+    shift = {s: st.mean(m[(s, a)] - lay[a] for a in loop.LAYOUTS) for s in sessions}
+    inter = [m[(s, a)] - lay[a] - shift[s] for s in sessions for a in loop.LAYOUTS]
+    cv = math.sqrt(st.mean(st.variance(v) for v in cell.values()))
+    session = {"shift_sd": st.stdev(shift.values()), "layout_sd": math.sqrt(
+        sum(x * x for x in inter) / ((len(sessions) - 1) * (len(loop.LAYOUTS) - 1)))}
+    name = (f"H200 recording, seq {seq // 1024}K (trials {cv:.1%}, session "
+            f"{session['shift_sd']:.1%}, layout x session {session['layout_sd']:.1%})")
+    return name, loop.truth_doc([math.exp(lay[a]) for a in loop.LAYOUTS],
+                                [_ln(cv)] * 4, session)
 
 
 def judge(truth: dict[str, Any], seed: int, key: Any, rows: list[dict[str, Any]],
@@ -114,7 +146,7 @@ def table(results: list[tuple[str, list[dict[str, Any]]]]) -> list[str]:
         ties = kinds["tie"]
         wrong = sum(g["wrong_settled"] for g in got)
         extra = ""
-        if "session effect" in name:
+        if "session" in name:
             extra = f"; vs the long-run truth {rate(sum(g['wrong_settled_longrun'] for g in got), n)}"
         cost = sum(g["trials"] for g in got) / (n * EXHAUSTIVE)
         out.append(
