@@ -18,9 +18,9 @@ start and end, the orchestrator's local time; NaT for a row imported without one
 
 Filters are the sweep key's fields (cluster, model, tp, pp, cp, seq, runner, env_tag, dp,
 mbs, micro_batches) and, for trials, ``status``; a list matches any of its values. An
-unknown filter, a missing folder or an unusable database raise ``ResultsError`` (a
-``ValueError``) with one line. The one module of hcp-tune that imports pandas; plotting is
-the notebook's own (docs/guides/notebooks.md).
+unknown filter, a missing folder, an unusable database or a comparison regress refuses
+raise ``ResultsError`` (a ``ValueError``) with one line. The one module of hcp-tune that
+imports pandas; plotting is the notebook's own (docs/guides/notebooks.md).
 """
 from __future__ import annotations
 
@@ -136,12 +136,15 @@ class Results:
         from hcp_tune.outputs.regress.rows import COMPARED
 
         _check_filters(key)
-        opts = model.Options(baseline=baseline, candidate=candidate, threshold=threshold,
-                             cluster=key.get("cluster"), model=key.get("model"),
-                             design="interleaved" if paired else "sessions")
         tags = {baseline, candidate}
         rows = [r for r in self._store.tag_rows(tags) if _matches(r, key)]
-        report = model.compare(rows, opts, history=history_rows(self.path, tags))
+        try:  # a tag compared with itself, an unknown tag, too few trials: regress's line
+            opts = model.Options(baseline=baseline, candidate=candidate, threshold=threshold,
+                                 cluster=key.get("cluster"), model=key.get("model"),
+                                 design="interleaved" if paired else "sessions")
+            report = model.compare(rows, opts, history=history_rows(self.path, tags))
+        except HcpError as e:
+            raise ResultsError(str(e)) from None
         out = []
         for c in report.comparisons:
             lo, hi = c.ci

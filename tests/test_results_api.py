@@ -167,3 +167,11 @@ def test_the_docs_example_runs(tmp_path, monkeypatch):
             __import__("matplotlib").use("Agg")
         exec(compile(block, "notebooks.md", "exec"), scope)
     assert list(scope["spread"].index) == sorted(scope["ranking"].index)
+
+
+def test_a_comparison_regress_refuses_is_one_line(folder):
+    f = results.folder(folder)
+    with pytest.raises(results.ResultsError, match="are the same tag"):
+        f.regress("base", "base")
+    with pytest.raises(results.ResultsError, match="unknown env tag"):
+        f.regress("base", "nightly")
