@@ -81,6 +81,25 @@ def test_the_nearest_accepted_spread_is_zero():
     assert Options("a", "b", session_spread=0.0, layout_spread=0.0).session_spread == 0.0
 
 
+def test_one_key_with_three_of_four_layouts_slowed_keeps_the_unchanged_one_as_reference():
+    """A paired run of one key (4 layouts) whose a2a > 1 layouts slowed 10%: too few
+    layouts for a group of 3 to be required, and a 10% level is no session shift when the
+    session cancels. The unchanged [1,8] is the reference ("ok"), not an UNEXPECTED
+    SPEED-UP beside a release-wide "shift"; the three slowed ones are regressions."""
+    rng = random.Random(5)
+    rows = []
+    for a2a in (1, 2, 4, 8):
+        for tag, f in (("old", 1.0), ("new", 1.0 if a2a == 1 else 1.10)):
+            rows += rows_for(tag, a2a, 8 // a2a, [f * rng.lognormvariate(0, 0.01)
+                                                  for _ in range(5)])
+    rep = compare(rows, Options("old", "new", design="interleaved"))
+    assert rep.shift.verdict == "ok" and rep.shift_from == 1
+    assert sorted(c.a2a for c in rep.flagged) == [2, 4, 8]
+    assert all(c.verdict == "regression" for c in rep.flagged) and rep.exit_code == 1
+    (line,) = shared_levels(rep)
+    assert line.startswith("every layout with a2a > 1 slowed ")
+
+
 def test_interleaved_pairs_use_no_session_spread():
     rows = rows_for("old", 2, 2, [1.0, 1.01, 0.99]) + rows_for("new", 2, 2, [1.0, 1.01, 0.99])
     rep = compare(rows, Options("old", "new", design="interleaved"))

@@ -63,6 +63,7 @@ MEM_SD = 0.002  # per-trial spread of a device memory reading in those simulatio
 MEDIAN_EFF = math.pi / 2  # variance of a median of normal estimates / that of their mean
 REF_WINDOW = 2.0  # a layout belongs to a level's group within 2 of its sd of that level
 REF_MIN_SHARE = 1 / 8  # the reference group: at least this share of the layouts
+REF_IMPLAUSIBLE = 3.0  # a level this many sds from 0 is no session shift: smaller groups may do
 
 
 @dataclass(frozen=True)
@@ -209,17 +210,26 @@ def reference_group(d: np.ndarray, w: np.ndarray, s2: float) -> np.ndarray:
     pure session shift, N(0, 2 S^2 + its own variance); a release that
     slowed most layouts leaves the unchanged ones as the reference, one that slowed all of
     them leaves one group, its shift then tested against 0. No group that large: all."""
-    least = max(POOL_MIN, math.ceil(REF_MIN_SHARE * len(d)))
     apart = REF_WINDOW * math.sqrt(float(np.median(w)))
-    modes: list[tuple[np.ndarray, float, float]] = []  # distinct levels, largest group first
-    for g in groups(d, w):
-        weight = 1 / w[g]
-        level = float((d[g] * weight).sum() / weight.sum())
-        if len(g) >= least and all(abs(level - m[1]) > apart for m in modes):
-            modes.append((g, level, math.sqrt(s2 + 1 / weight.sum())))
-    if not modes:
-        return np.arange(len(d))
-    return min(modes, key=lambda m: abs(m[1]) / m[2])[0]
+
+    def modes(least: int) -> list[tuple[np.ndarray, float, float]]:
+        out: list[tuple[np.ndarray, float, float]] = []  # distinct levels, largest first
+        for g in groups(d, w):
+            weight = 1 / w[g]
+            level = float((d[g] * weight).sum() / weight.sum())
+            if len(g) >= least and all(abs(level - m[1]) > apart for m in out):
+                out.append((g, level, math.sqrt(s2 + 1 / weight.sum())))
+        return out
+
+    big = modes(max(POOL_MIN, math.ceil(REF_MIN_SHARE * len(d))))
+    best = min(big, key=lambda m: abs(m[1]) / m[2]) if big else None
+    if best is None or abs(best[1]) / best[2] > REF_IMPLAUSIBLE:
+        # no large group is plausible as a session shift (a paired night, whose session
+        # cancels, or one key's 4 layouts with 3 slowed): a smaller group at a plausible
+        # level is the unchanged one, else the large group stays (a release-wide change)
+        small = [m for m in modes(1) if abs(m[1]) / m[2] <= REF_IMPLAUSIBLE]
+        best = min(small, key=lambda m: abs(m[1]) / m[2]) if small else best
+    return best[0] if best is not None else np.arange(len(d))
 
 
 def _estimate(est: float, se: float, df: float) -> Estimate:
