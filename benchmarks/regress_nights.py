@@ -33,8 +33,9 @@ from hcp_tune.engine import synthetic  # noqa: E402
 from hcp_tune.outputs.regress import Options, compare  # noqa: E402
 from hcp_tune.outputs.regress.plan import run_order  # noqa: E402
 
-FROZEN_AT = "cb6d986"  # the rule of issue 36 part 3 (first frozen at 963b5fb; re-frozen after
-# the shared moderation changed under it at ace6239: git log -1 cb6d986)
+FROZEN_AT = "dd883d9"  # the rule of issue 36 part 3 (first frozen at 963b5fb; re-frozen after
+# the shared moderation changed under it at ace6239: git log -1 cb6d986; and at dd883d9 for a
+# case outside these nights, a paired run of one key's 4 layouts, found by running it)
 RULE_FILES = ("hcp_tune/outputs/regress/stats.py", "hcp_tune/outputs/regress/model.py",
               "hcp_tune/outputs/regress/spread.py", "hcp_tune/engine/shrinkage.py",
               "hcp_tune/config/cluster.py", "conf/cluster/dgx-h100.yaml")
