@@ -23,7 +23,8 @@ def test_auto_without_gpu_or_slurm_predicts_and_says_how_to_measure(monkeypatch)
 
 @pytest.mark.parametrize("present", ["nvidia-smi", "sbatch"])
 def test_auto_with_gpu_or_slurm_measures(monkeypatch, present):
-    monkeypatch.setattr(runner_choice.shutil, "which", lambda name: "/x" if name == present else None)
+    monkeypatch.setattr(runner_choice.shutil, "which",
+                        lambda name: "/x" if name == present else None)
     runner, why = runner_choice.resolve_runner("auto")
     assert runner == "attention" and "measuring with runner=attention" in why
 
