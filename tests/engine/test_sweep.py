@@ -185,7 +185,8 @@ def test_a_job_slurm_can_never_start_fails_at_once_and_is_cancelled(slurm_cluste
     r = hcp("sweep", "cp=8", "seq=131072", "tp=4", "pp=1", "cluster=dgx-h100",
             "runner=attention", "executor=slurm", f"results_dir={res}", timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "SLURM will never start job" in r.stdout and "PartitionConfig" in r.stdout
+    out = " ".join(r.stdout.split())  # trial lines wrap at the output's width
+    assert "SLURM will never start job" in out and "PartitionConfig" in out
     got = rows(res)
     assert got and {(x["status"], x["failure_class"]) for x in got} == {("failed", "environment")}
     assert not ({x["job_id"] for x in got} & squeue_ids())
