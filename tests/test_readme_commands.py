@@ -67,6 +67,9 @@ FILES = {
         "  seq_length: 131072\ndist:\n  use_decentralized_pg: false\n"),
     # measured CPU rows, the calibration example's input
     "rows.jsonl": (REPO / "benchmarks" / "calibrate_cpu_rows.jsonl").read_text(),
+    # the truth files the docs write with a heredoc before their runner=synthetic sweeps
+    **{name: body + "\n" for page in (REPO / "docs").rglob("*.md")
+       for name, body in re.findall(r"cat > (\S+) <<'EOF'\n(.*?)\nEOF", page.read_text(), re.S)},
 }
 
 
@@ -279,9 +282,16 @@ MAPPINGS = {
     "python -m hcp_tune sweep runner=attention+bridge runner.top_k=2 cluster=dgx-h100 "
     "model=llama3-8b cp=8 seq=65536": Mapping(
         bridge_absent, BRIDGE_LOCAL, (*FAST, "executor=local")),
+    # runner=synthetic draws its trials here: run as typed, into folders of their own (its
+    # keys would otherwise join the local cluster's listing the quickstart checks)
+    "python -m hcp_tune sweep cp=8 seq=1024 tp=1 pp=1 model=tiny cluster=local "
+    "runner=synthetic runner.truth=truth.json search.order_by_prediction=false "
+    "results_dir=results": Mapping(exit_code(0), {"results_dir=results": "results_dir=syn-a"}),
+    "python -m hcp_tune sweep cp=8 seq=131072 tp=1 pp=1 runner=synthetic runner.truth=truth.yaml "
+    "runner.seed=1": Mapping(exit_code(0), extra=("results_dir=syn-b",)),
     "python -m hcp_tune sweep runner=bridge cluster=dgx-h100 model=llama3-8b cp=8 seq=65536 "
     "executor=slurm executor.partition=batch executor.time_limit_min=60 executor.exclusive=true "
-    "executor.container_image=nvcr.io/nvidia/nemo:25.11 executor.container_mounts=["
+    "executor.container_image=nvcr.io/nvidia/nemo:26.08.01 executor.container_mounts=["
     "/lustre/me/hcp-job:/lustre/me/hcp-job,/lustre/me/results:/lustre/me/results] "
     "executor.setup=[\"export PYTHONPATH=/lustre/me/hcp-job:$PYTHONPATH\"] "
     "executor.python=python results_dir=/lustre/me/results": Mapping(
