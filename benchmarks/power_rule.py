@@ -33,7 +33,6 @@ from decision_cost import TIE, judge, regimes  # noqa: E402
 from rates import rate  # noqa: E402
 from stamp import write_simulation  # noqa: E402
 
-from hcp_tune import cli  # noqa: E402
 from hcp_tune.outputs.recommend import measure_command  # noqa: E402
 
 REGIMES = ("close, log-normal 2%", "close, Student-t(3) tails 2%",
@@ -49,11 +48,7 @@ def settle(truth: dict, keys: int, seed: int) -> dict:
         cmd = measure_command(rec, str(folder / "results"))
         args = shlex.split(cmd)[3:]  # after "python -m hcp_tune"
         asked.append(int(args[-1].split("=")[1]))
-        import contextlib
-        import io
-
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            cli.main([*args, f"runner.truth={folder / 'truth.json'}", f"runner.seed={seed}",
+        loop.run_cli([*args, f"runner.truth={folder / 'truth.json'}", f"runner.seed={seed}",
                       "search.order_by_prediction=false"])
     after = {k.seq: judge(truth, seed, k, rows, rec) for k, rows, rec in loop.stored(folder)}
     got = [after[k.seq] for k, _ in unsettled]

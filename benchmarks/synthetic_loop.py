@@ -75,12 +75,17 @@ def sweep(truth: dict[str, Any], *, seed: int, keys: int, overrides: tuple[str, 
             "cluster=local", "runner=synthetic", f"runner.truth={path}",
             f"runner.seed={seed}", f"results_dir={folder / 'results'}",
             "search.order_by_prediction=false", *overrides]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        rc = cli.main(argv)
+    rc, out = run_cli(argv)
     if rc not in (0, 1):
         raise RuntimeError(f"sweep exited {rc}: {out.getvalue()[-2000:]}")
     return rc, folder
+
+
+def run_cli(argv: list[str]) -> tuple[int, io.StringIO]:
+    """``python -m hcp_tune ARGV`` in this process, its output silenced: (exit code, output)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        return cli.main(argv), out
 
 
 def stored(folder: Path) -> list[tuple[Any, list[dict[str, Any]], dict[str, Any]]]:

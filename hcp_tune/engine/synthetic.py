@@ -262,16 +262,15 @@ class Job:
 def _result(spec: Any, job: Job, status: Any, error: Optional[str]) -> Any:
     import statistics
 
+    from hcp_tune.noise import percentile
     from hcp_tune.spec import TrialResult
 
     steps = list(job.done_steps)
     res = TrialResult(trial_id=spec.trial_id, status=status, error=error, step_times_s=steps,
                       world_size=spec.world_size, backend="synthetic")
-    if steps:
-        s = sorted(steps)
-        res.median_s = statistics.median(s)
-        res.p10_s = s[int(0.1 * (len(s) - 1))]
-        res.p90_s = s[int(round(0.9 * (len(s) - 1)))]
+    if steps:  # summarised as the job side summarises its steps (hcp_tune.noise)
+        res.median_s = statistics.median(steps)
+        res.p10_s, res.p90_s = percentile(steps, 10), percentile(steps, 90)
     mem = job.truth.layouts[spec.a2a].peak_mem_gib
     res.peak_mem_bytes = None if mem is None else int(mem * 2 ** 30)
     res.verification = {"synthetic": {"truth": job.truth.source, "seed": job.seed}}
