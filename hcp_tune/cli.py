@@ -236,7 +236,7 @@ def cmd_trial(args: list[str]) -> int:
         raise ConfigError(f"a2a={a2a}: layout {cand.layout.label} is rejected: {cand.reasons[0]}")
     config.writable_dir(cfg.results_dir)
     from hcp_tune.engine.launch import run_local
-    from hcp_tune.engine.trials import spec_for
+    from hcp_tune.engine.trialspec import spec_for
     from hcp_tune.spec import to_json
 
     workdir = cfg.results_dir / "trials" / f"manual-{cand.layout.a2a}x{cand.layout.p2p}-s{cand.seq}"

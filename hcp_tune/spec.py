@@ -86,6 +86,12 @@ class TrialSpec:
     # is mbs*dp*micro_batches; 0 = one (the attention runner times one micro-batch)
     micro_batches: int = 0
     dtype: str = "bf16"  # bf16 | fp16 | fp32 (the CPU reference runs fp32)
+    # packed sequences (data.packing=thd, hcp_tune/packing.py): "thd", and each of the mbs
+    # sequences' document lengths (unpadded, in stream order; the job pads each to 2*cp);
+    # "off" with one document a sequence. mix: the length mix's label (name#hash)
+    packing: str = "off"
+    packed_docs: list[list[int]] = field(default_factory=list)
+    mix: str = ""
     # model dimensions the workload needs
     heads: int
     kv_heads: int

@@ -22,8 +22,15 @@ from hcp_tune.config.cluster import ClusterProfile, cluster_from_mapping
 from hcp_tune.config.model import ModelSpec, model_from_mapping
 from hcp_tune.config.recipes import recipe_for, recipe_named
 from hcp_tune.config.schema import from_mapping
-from hcp_tune.config.settings import ExecutorConfig, RunnerConfig, SearchConfig, TopLevel
+from hcp_tune.config.settings import (
+    DataConfig,
+    ExecutorConfig,
+    RunnerConfig,
+    SearchConfig,
+    TopLevel,
+)
 from hcp_tune.errors import ConfigError, InputFileError
+from hcp_tune.packing import LengthMix, MixError, load_mix
 from hcp_tune.redact import redact
 from hcp_tune.upstream.pipeline import Recompute
 from hcp_tune.upstream.rules import BY_ID, Facts, evaluate
@@ -227,6 +234,12 @@ class SweepConfig:
     gbs: int = 0  # sequences per global batch; load() fills it (0 here: mbs*dp)
     recompute: Recompute = Recompute()
     recipe_note: str = ""  # which Bridge recipe chose tp/pp, or why none did ("" when given)
+    data: DataConfig = DataConfig(packing="off", lengths=None)
+    mixes: tuple[tuple[int, LengthMix], ...] = ()  # data.packing=thd: (seq, its mix) per seq
+
+    def mix_at(self, seq: int) -> Optional[LengthMix]:
+        """The length mix packed into ``seq`` tokens; None with one document a sequence."""
+        return dict(self.mixes).get(seq)
 
     @property
     def micro_batches(self) -> int:
@@ -339,6 +352,18 @@ def _parallel_sizes(t: TopLevel, model: str, recipe: Optional[str] = None
     return tps, pp, gbs, note
 
 
+def _mixes(data: DataConfig, seqs: tuple[int, ...]) -> tuple[tuple[int, LengthMix], ...]:
+    """Each seq's length mix (a file read once, relative to the current folder), or one
+    InputFileError line: an empty, negative or non-numeric file, a document longer than
+    seq, an unknown preset."""
+    if data.packing != "thd" or not data.lengths:
+        return ()
+    try:
+        return tuple((s, load_mix(data.lengths, s, base=Path.cwd())) for s in seqs)
+    except MixError as exc:
+        raise InputFileError(str(exc)) from None
+
+
 def load(overrides: list[str]) -> SweepConfig:
     """Compose, then build every group's typed dataclass; all problems reported together."""
     cfg = compose(overrides)
@@ -364,9 +389,11 @@ def load(overrides: list[str]) -> SweepConfig:
     for name, cls in (("runner", RunnerConfig), ("executor", ExecutorConfig),
                       ("search", SearchConfig)):
         check(name, from_mapping, cls, _group(cfg[name]), name)
+    check("data", DataConfig.from_mapping, _group(cfg.get("data")))
     if problems:
         raise ConfigError("\n".join(problems))
     t: TopLevel = values.pop("top")
+    values["mixes"] = _mixes(values["data"], t.seq)
     tps, pp, gbs, note = _parallel_sizes(t, values["model"].name, values["runner"].recipe)
     search, executor = values.pop("search"), values.pop("executor")
     if search.storage and "://" not in search.storage:  # a journal file, not an RDB URL

@@ -119,6 +119,30 @@ class RunnerConfig:
             raise ConfigError(str(e)) from None
 
 
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """``data.*``: one document a sequence (packing=off) or documents packed (THD)."""
+
+    packing: Literal["off", "thd"] = _f("off | thd (documents packed into seq tokens)")
+    lengths: Optional[str] = _f("packing=thd: the document-length mix, a file or a preset "
+                                "(hcp_tune/packing.py)")
+
+    def __post_init__(self) -> None:
+        if self.packing == "thd" and not self.lengths:
+            raise ConfigError("data.packing=thd needs the document lengths: data.lengths=FILE "
+                              "(CSV length,count) or a preset, e.g. data.lengths=web")
+        if self.packing == "off" and self.lengths:
+            raise ConfigError(f"data.lengths={self.lengths!r} is given but data.packing=off: "
+                              "expected data.packing=thd with it (or drop data.lengths)")
+
+    @classmethod
+    def from_mapping(cls, data: Any) -> "DataConfig":
+        data = dict(data or {})
+        if data.get("packing") is False:  # YAML 1.1 reads a bare off as false
+            data["packing"] = "off"
+        return from_mapping(cls, data, "data")
+
+
 REPEATS_MAX = 100  # the most trials one sweep gives a layout (search.repeats)
 
 

@@ -18,13 +18,15 @@ from typing import Any, Optional
 from hcp_tune.errors import HcpError
 
 KEY_FIELDS = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "env_tag", "dp", "mbs",
-              "micro_batches")
+              "micro_batches", "mix")
 # Key fields that joined the key later, and what a row or recommendation stored before then
 # reads as: the one place an older record's missing key field gets its value. dp: before
 # issue 19 every trial ran one replica (dp > 1 came back invalid); mbs: older rows did not
 # store it and read as 1 (a sweep run with mbs > 1 before then reads as mbs=1);
-# micro_batches: the attention runner times one micro-batch, the Bridge runner ran one.
-OLDER_ROW_DEFAULTS: dict[str, Any] = {"pp": 1, "dp": 1, "mbs": 1, "micro_batches": 1}
+# micro_batches: the attention runner times one micro-batch, the Bridge runner ran one;
+# mix: packed sequences' length mix (hcp_tune/packing.py), "" for one document a sequence.
+OLDER_ROW_DEFAULTS: dict[str, Any] = {"pp": 1, "dp": 1, "mbs": 1, "micro_batches": 1,
+                                      "mix": ""}
 # Rows written before the version existed have none and read as version 1.
 ROW_SCHEMA = 1
 RECOMMENDATION_SCHEMA = 2  # 2: median_s is the layout's figure; its interval, verdict
@@ -59,10 +61,13 @@ def key_field(record: dict[str, Any], name: str) -> Any:
 def key_args(record: dict[str, Any]) -> list[str]:
     """A key's fields as the ``sweep`` overrides that select it, in KEY_FIELDS order: a
     field at its ``OLDER_ROW_DEFAULTS`` value left out, the micro-batches per step given as
-    the global batch (gbs = micro_batches * mbs * dp); env_tag is the caller's to add."""
+    the global batch (gbs = micro_batches * mbs * dp), a packed key's mix as the data.*
+    overrides that name it; env_tag is the caller's to add."""
     got = {k: key_field(record, k) for k in KEY_FIELDS}
-    args = [f"{k}={v}" for k, v in got.items() if k not in ("env_tag", "micro_batches")
+    args = [f"{k}={v}" for k, v in got.items() if k not in ("env_tag", "micro_batches", "mix")
             and v != OLDER_ROW_DEFAULTS.get(k)]
+    if got["mix"]:  # name#hash: the name is the preset or the lengths file's name
+        args += ["data.packing=thd", f"data.lengths={str(got['mix']).rsplit('#', 1)[0]}"]
     if (got["micro_batches"] or 1) != 1:
         args.append(f"gbs={got['micro_batches'] * (got['mbs'] or 1) * (got['dp'] or 1)}")
     return args
@@ -102,6 +107,7 @@ class TrialRow:
     dp: int = 1  # data-parallel replicas (OLDER_ROW_DEFAULTS, as the next two)
     mbs: int = 1  # micro-batch size
     micro_batches: int = 1  # micro-batches per step per replica the user trains with (m)
+    mix: str = ""  # packed sequences: the length mix's label (name#hash); "": fixed length
     trial_id: str
     a2a: int
     p2p: int
@@ -204,6 +210,7 @@ class Recommendation:
     dp: int = 1
     mbs: int = 1
     micro_batches: int = 1
+    mix: str = ""
     a2a: int
     p2p: int
     comm_type: str
@@ -336,6 +343,7 @@ class SweepKey:
     dp: int = 1
     mbs: int = 1
     micro_batches: int = 1
+    mix: str = ""  # packed sequences (data.packing=thd): the mix's label; "": fixed length
 
     @property
     def name(self) -> str:

@@ -45,7 +45,7 @@ from hcp_tune.engine.sweep_jobs import (  # noqa: F401  (re-exported: sweep's ol
     runs_as_steps,
 )
 from hcp_tune.engine.sweep_plan import SweepPlan, kept_by_key, plan_sweep
-from hcp_tune.engine.trials import spec_for
+from hcp_tune.engine.trialspec import spec_for
 
 # the jobs' payloads, both executors: on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.payload import batch_payload, steps_payload

@@ -70,9 +70,11 @@ def key_at(cfg: SweepConfig, tp: int, seq: int, runner: Optional[str] = None) ->
     """The sweep key of ``cfg`` at (tp, seq), for ``runner`` (default: the config's); pp and
     dp are the config's, as every candidate of it has them (``space.plan.candidates``)."""
     runner = runner or cfg.runner.name
+    mix = cfg.mix_at(seq)
     return SweepKey(cluster=cfg.cluster.name, model=cfg.model.name, tp=tp, cp=cfg.cp, seq=seq,
                     runner=runner, env_tag=cfg.env_tag, pp=cfg.pp, dp=cfg.dp, mbs=cfg.mbs,
-                    micro_batches=key_micro_batches(cfg, runner))
+                    micro_batches=key_micro_batches(cfg, runner),
+                    mix=mix.label if mix else "")
 
 
 def key_micro_batches(cfg: SweepConfig, runner: Optional[str] = None) -> int:

@@ -32,7 +32,7 @@ CPU = Mode("cpu", cluster="local", model="tiny", seq=256, backend="torch")
 def build_specs(mode: Mode, progress_dir: Path) -> list[TrialSpec]:
     """The three layouts' trials, built the way a sweep builds them."""
     from hcp_tune import config
-    from hcp_tune.engine.trials import spec_for
+    from hcp_tune.engine.trialspec import spec_for
     from hcp_tune.errors import ConfigError
     from hcp_tune.space import plan
 

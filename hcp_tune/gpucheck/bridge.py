@@ -25,7 +25,7 @@ SKIPPED = ("gpu-check bridge: skipped (cpu mode): the Bridge step needs >= 4 GPU
 def build_specs(cluster: str, progress_dir: Path, seq: int = SEQ) -> list[TrialSpec]:
     """The two Bridge trials, built the way a sweep builds them."""
     from hcp_tune import config
-    from hcp_tune.engine.trials import spec_for
+    from hcp_tune.engine.trialspec import spec_for
     from hcp_tune.space import plan
 
     cfg = config.load(["cp=4", f"seq={seq}", "tp=1", f"model={MODEL}", f"cluster={cluster}",

@@ -72,7 +72,7 @@ def spec(ctx: Ctx, tid: str, *, cp: int = 1, tp: int = 1, pp: int = 1, seq: int 
     """A Bridge trial built the way a sweep builds it, shrunk to ``LAYERS`` layers a stage;
     ``m`` micro-batches (default: pp, the sweep's first point)."""
     from hcp_tune import config
-    from hcp_tune.engine.trials import spec_for
+    from hcp_tune.engine.trialspec import spec_for
     from hcp_tune.space import plan
 
     args = [f"cp={cp}", f"seq={seq}", f"tp={tp}", f"pp={pp}", f"model={MODEL}",

@@ -82,7 +82,7 @@ def check_bridge(cluster: str, workdir: Path) -> tuple[bool, str]:
         return _line("bridge", False, f"not run: {problem}")
     from hcp_tune import config
     from hcp_tune.engine.launch import run_local
-    from hcp_tune.engine.trials import spec_for
+    from hcp_tune.engine.trialspec import spec_for
     from hcp_tune.space import plan
 
     cfg = config.load(["cp=1", "seq=4096", "tp=1", "pp=1", "model=llama3-8b",
