@@ -95,7 +95,8 @@ def _measured_first(cfg, pred: dict) -> list[str]:
     lines = []
     for g in pred["close_groups"]:
         want = {"cluster": cfg.cluster.name, "model": cfg.model.name, "tp": g["tp"],
-                "pp": cfg.pp, "cp": cfg.cp, "seq": g["seq"], "dp": cfg.dp, "mbs": cfg.mbs}
+                "pp": cfg.pp, "cp": cfg.cp, "seq": g["seq"], "dp": cfg.dp, "mbs": cfg.mbs,
+                "mix": _mix_label(cfg, g["seq"])}
         found = recommend.find(ResultStore(cfg.results_dir).recommendations(), want)
         if not found:
             continue
@@ -249,6 +250,12 @@ def cmd_trial(args: list[str]) -> int:
     return EXIT_OK if result.status.value == "ok" else EXIT_FINDINGS
 
 
+def _mix_label(cfg, seq: int) -> str:
+    """The key's mix field at ``seq``: the length mix's label, "" with one document a sequence."""
+    mix = cfg.mix_at(seq)
+    return mix.label if mix else ""
+
+
 def cmd_recommend(args: list[str]) -> int:
     from hcp_tune import config
     from hcp_tune.engine.store import ResultStore
@@ -264,7 +271,8 @@ def cmd_recommend(args: list[str]) -> int:
             "pp": cfg.pp, "cp": cfg.cp, "seq": cfg.seqs[0], "dp": cfg.dp, "mbs": cfg.mbs,
             # m only when the user gave gbs: the attention runner's keys have m = 1
             "micro_batches": cfg.micro_batches if "gbs" in given else None,
-            "env_tag": cfg.env_tag if "env_tag" in given else None}
+            "env_tag": cfg.env_tag if "env_tag" in given else None,
+            "mix": _mix_label(cfg, cfg.seqs[0])}  # packed and fixed-length keys never mix
     store = ResultStore(cfg.results_dir, cfg.search.storage)
     store.refresh()  # a view of a team's database (search.storage, or the folder's): synced
     recs = store.recommendations()

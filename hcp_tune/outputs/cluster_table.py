@@ -25,7 +25,7 @@ from hcp_tune.space.layout import Layout
 # recommend's arguments that select keys without naming one; any other makes it one key
 LISTING_ARGS = ("cluster", "model", "env_tag", "runner", "format", "results_dir")
 FORMATS = ("table", "csv", "json", "md")
-COLUMNS = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "a2a", "p2p", "comm_type",
+COLUMNS = ("cluster", "model", "tp", "pp", "cp", "seq", "mix", "runner", "a2a", "p2p", "comm_type",
            "median_s", "verdict", "env_tag", "date", "trials", "bridge_overrides")
 NO_VERDICT = "—"  # recommendations.csv written before it had a verdict column
 
@@ -71,7 +71,7 @@ def listing(recs: list[dict[str, Any]], root: Path, want: dict[str, str]
             newest[key] = row
     rows = [_shown(r) for r in newest.values()]
     rows.sort(key=lambda r: (r["cluster"], r["model"], r["tp"], r["pp"], r["cp"], r["seq"],
-                             r["runner"]))
+                             r["mix"], r["runner"]))
     return rows, dict(sorted(tags.items()))
 
 
@@ -96,19 +96,33 @@ def _cut(text: str, width: int) -> str:
 
 TABLE = ("{model:<14} {tp:>3} {pp:>3} {cp:>4} {seq:>8} {best:<8} {comm:<7} {fig:>9} "
          "{verdict:<9} {env_tag:<14} {date:<10}")
+# packed keys (data.packing=thd) are listed apart, their length mix beside seq
+PACKED = ("{model:<10} {tp:>3} {pp:>3} {cp:>4} {seq:>7} {mix:<10} {best:<8} {comm:<7} {fig:>9} "
+          "{verdict:<9} {env_tag:<9} {date:<10}")
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """One line of at most 100 columns per key, under a header."""
-    head = dict(model="model", tp="tp", pp="pp", cp="cp", seq="seq", best="best",
+    """One line of at most 100 columns per key, under a header: the fixed-length keys,
+    then the packed ones (each with its length mix) under a header of their own."""
+    head = dict(model="model", tp="tp", pp="pp", cp="cp", seq="seq", mix="mix", best="best",
                 comm="comm", fig="median", verdict="verdict", env_tag="env_tag", date="stored")
-    lines = [TABLE.format(**head).rstrip()]
-    for r in rows:
-        lines.append(TABLE.format(
-            model=_cut(str(r["model"]), 14), tp=r["tp"], pp=r["pp"], cp=r["cp"], seq=r["seq"],
-            best=f"[{r['a2a']},{r['p2p']}]", comm=r["comm_type"], fig=_figure(r["median_s"]),
-            verdict=_cut(str(r["verdict"]), 9), env_tag=_cut(str(r["env_tag"]), 14),
-            date=r["date"] or "-").rstrip())
+    fixed = [r for r in rows if not r.get("mix")]
+    packed = [r for r in rows if r.get("mix")]
+    lines = []
+    for form, group, (mw, ew) in ((TABLE, fixed, (14, 14)), (PACKED, packed, (10, 9))):
+        if not group:
+            continue
+        if form is PACKED:
+            lines += ([""] if lines else []) + [
+                "packed sequences (data.packing=thd data.lengths=MIX; mix: name#hash):"]
+        lines.append(form.format(**head).rstrip())
+        for r in group:
+            lines.append(form.format(
+                model=_cut(str(r["model"]), mw), tp=r["tp"],
+                pp=r["pp"], cp=r["cp"], seq=r["seq"], mix=_cut(str(r.get("mix") or ""), 10),
+                best=f"[{r['a2a']},{r['p2p']}]", comm=r["comm_type"], fig=_figure(r["median_s"]),
+                verdict=_cut(str(r["verdict"]), 9), env_tag=_cut(str(r["env_tag"]), ew),
+                date=r["date"] or "-").rstrip())
     return lines
 
 

@@ -57,7 +57,8 @@ def python_form(rec: dict[str, Any]) -> list[str]:
 def key_text(r: dict[str, Any]) -> str:
     return (f"cluster={r['cluster']} model={r['model']} tp={r['tp']} pp={r.get('pp', 1)} "
             f"cp={r['cp']} seq={r['seq']}"
-            f" env_tag={r.get('env_tag', '')}")
+            + (f" mix={key_field(r, 'mix')}" if key_field(r, "mix") else "")
+            + f" env_tag={r.get('env_tag', '')}")
 
 
 def answer(recs: list[dict[str, Any]], want: dict[str, Any]) -> tuple[Optional[dict], list[dict]]:
