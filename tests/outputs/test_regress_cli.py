@@ -157,3 +157,50 @@ def test_a_failed_trial_drops_its_own_pair_only():
     assert len(c.base_s) == len(c.cand_s) == 5  # round 2's pair dropped, nothing else
     assert all(abs(n / b - 1.08) < 1e-9 for b, n in zip(c.base_s, c.cand_s))
     assert c.verdict == "regression" and rep.spread is None  # the session cancels
+
+
+def _lone_command_or_path(line: str) -> bool:
+    """A line a user copies whole: a command standing alone, or one path (no spaces)."""
+    text = line.strip()
+    return text.startswith("python -m hcp_tune ") or (text and " " not in text)
+
+
+def test_no_line_of_regress_is_wider_than_the_terminal_but_a_lone_command(tmp_path, monkeypatch,
+                                                                          capsys):
+    """COLUMNS=80: the tables fit, the prose wraps, and each settle command (longer than
+    80) stands on a line of its own, whole, after its reason; a memory line wraps too."""
+    monkeypatch.setenv("COLUMNS", "80")
+    res = stored(tmp_path, slow=1.03, n=3)  # small changes, 3 trials: inconclusive layouts
+    assert main(["regress", "baseline=te-2.9", "candidate=te-2.10",
+                 f"results_dir={res}"]) in (1, 4)
+    lines = capsys.readouterr().out.splitlines()
+    wide = [x for x in lines if len(x) > 80 and not _lone_command_or_path(x)]
+    assert not wide, wide
+    commands = [x.strip() for x in lines if x.strip().startswith("python -m hcp_tune sweep")]
+    assert commands and all(len(c) > 80 and "search.purpose=regress" in c for c in commands)
+    assert any(x.startswith("to settle (80% power") for x in lines)
+    assert not any("to settle" in x and "python -m" in x for x in lines)
+    assert any(x.startswith("memory not judged for [1,8]") for x in lines)
+
+
+def test_regress_run_prints_each_sweep_command_alone(tmp_path, monkeypatch, capsys):
+    from hcp_tune.outputs.regress import plan
+
+    monkeypatch.setenv("COLUMNS", "80")
+    res = tmp_path / "res"
+
+    def sweep(args):  # one trial per tag and round, as in the test above
+        kv = dict(a.split("=", 1) for a in args[1:])
+        store(res, rows_for(kv["env_tag"], 2, 2, [1.0 + 0.01 * int(kv["search.repeats"])]))
+        return 0
+
+    monkeypatch.setattr(plan, "run_sweep", sweep)
+    main(["regress", "run", "baseline=te-2.9", "candidate=te-2.10", "trials=3",
+          "baseline_args=cp=4 executor=local executor.container_image=/images/te-2.9.sqsh",
+          "candidate_args=cp=4 executor=local executor.container_image=/images/te-2.10.sqsh",
+          f"results_dir={res}"])
+    lines = capsys.readouterr().out.splitlines()
+    assert not [x for x in lines if len(x) > 80 and not _lone_command_or_path(x)]
+    rounds = [i for i, x in enumerate(lines) if x.startswith("regress run: round ")]
+    assert len(rounds) == 6
+    assert all(lines[i + 1].startswith("  python -m hcp_tune sweep cp=4") for i in rounds)

@@ -105,5 +105,7 @@ def cmd_report(args: list[str]) -> int:
     out = Path(a["out"]).resolve() if "out" in a else results_dir / name
     atomic_write_text(str(out), html_report.report_page(keys, f"hcp-tune report: {results_dir}"))
     ranked = sum(len(k.layouts) for k in keys)
-    print(f"report: {len(keys)} key(s), {ranked} measured layout(s); wrote {out}")
+    from hcp_tune.outputs.ui import say
+
+    say(f"report: {len(keys)} key(s), {ranked} measured layout(s); wrote {out}")
     return 0

@@ -128,6 +128,8 @@ def cmd_run(args: list[str]) -> int:
     """Both tags measured round by round (ABBA), then the paired comparison."""
     import hcp_tune.outputs.regress.model as model
 
+    from hcp_tune.outputs.ui import say
+
     a = parse_args("regress run", args, RUN_KEYS)
     opts = options(a, "interleaved")
     for key in ("baseline_args", "candidate_args"):
@@ -146,8 +148,8 @@ def cmd_run(args: list[str]) -> int:
         for r, tag in run_order(opts.baseline, opts.candidate, trials):
             args_r = ["sweep", *extra[tag], f"env_tag={tag}", f"search.repeats={r}",
                       "search.purpose=regress"]
-            print(f"regress run: round {r} of {trials}, {tag}: python -m hcp_tune "
-                  + " ".join(args_r))
+            say(f"regress run: round {r} of {trials}, {tag}:",  # the command alone, whole
+                "  python -m hcp_tune " + " ".join(args_r))
             rc = run_sweep(args_r)
             if rc != 0:
                 raise RegressError(

@@ -108,7 +108,8 @@ def settle(load_rows: Callable[[], list[dict]], run_sweep: Callable[[list[str]],
             break
         for key, tag, repeats, extra in plan:
             args = sweep_args(key, tag, repeats, tuple(extra))
-            say(f"settle: python -m hcp_tune {' '.join(args)}")
+            say("settle:")
+            say(f"  python -m hcp_tune {' '.join(args)}")  # the command alone, whole
             rc = run_sweep(args)
             log.append(f"{' '.join(args)}: exit {rc}")
             if rc == EXIT_USAGE:

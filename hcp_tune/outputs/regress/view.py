@@ -165,12 +165,31 @@ def winner_lines(report: Comparison) -> list[str]:
     return out
 
 
+SETTLE_WHY = ("to settle (80% power at the observed change; a sweep resumes: only the missing "
+              "trials run; add the executor/container overrides the sweep ran with; or "
+              "regress ... settle=true)")
+
+
 def next_steps(report: Comparison) -> list[str]:
-    """What settles the inconclusive layouts, and why memory was not judged where it was not."""
+    """What settles the inconclusive layouts, and why memory was not judged where it was
+    not (the files' form: each command after its reason, on one line)."""
+    return ([f"{SETTLE_WHY}: {sweep_command(key, tag, n)}"
+             for key, tag, n in settle_plan(report)] + other_steps(report))
+
+
+def terminal_steps(report: Comparison) -> list[str]:
+    """``next_steps`` for the terminal (``ui.say``): the reason once, wrapped at the width,
+    then each command on a line of its own (two spaces in front: printed whole)."""
+    plan = settle_plan(report)
+    return ([f"{SETTLE_WHY}, run:"] if plan else []) + [
+        f"  {sweep_command(key, tag, n)}" for key, tag, n in plan] + other_steps(report)
+
+
+def other_steps(report: Comparison) -> list[str]:
+    """The next steps besides the settle commands: the layouts no trial count settles, and
+    why memory was not judged."""
     o = report.options
-    out = [f"to settle (80% power at the observed change; a sweep resumes: only the missing "
-           f"trials run; add the executor/container overrides the sweep ran with; or regress "
-           f"... settle=true): {sweep_command(key, tag, n)}" for key, tag, n in settle_plan(report)]
+    out = []
     for c in report.inconclusive:
         if not c.needed:
             out.append(f"{key_text(c.key)} {c.layout}: inconclusive, and the change is about "
@@ -233,12 +252,10 @@ def print_report(report: Comparison, written: list[str]) -> None:
         out.print(table)
     say(*(shift_lines(report) + shared_levels(report) + [spread_line(report)]
           + shift_advice(report) + winner_lines(report)))
-    for line in next_steps(report):
-        print(line)  # a command the user copies: never wrapped
+    say(*terminal_steps(report))  # prose wrapped; each command alone, whole
     say(*[f"warning: {w}" for w in report.warnings], f"method: {report.method}",
         rate_line(report.options.design), summary_line(report))
-    for path in written:
-        print(f"wrote {path}")
+    say(*(f"wrote {path}" for path in written))  # a long path goes on a line of its own
 
 
 def _md_escape(text: str) -> str:
