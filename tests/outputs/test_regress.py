@@ -356,16 +356,16 @@ def test_a_missing_field_and_none_are_the_same_fingerprint():
 def test_keys_differing_only_in_pp_are_never_compared_and_old_rows_are_pp_1():
     from hcp_tune.outputs.regress import key_text, row_key
 
-    # dp, mbs, micro_batches (issue 19) read as 1 on older rows, like pp
+    # dp, mbs, micro_batches (issue 19) read as 1 on older rows, like pp; mix (issue 37) as ""
     assert row_key({"cluster": "c", "model": "m", "tp": 1, "cp": 4, "seq": 8, "runner": "a"}) \
-        == ("c", "m", 1, 1, 4, 8, "a", 1, 1, 1)
+        == ("c", "m", 1, 1, 4, 8, "a", 1, 1, 1, "")
     assert row_key({"cluster": "c", "model": "m", "tp": 1, "pp": 2, "cp": 4, "seq": 8,
-                    "runner": "a", "dp": 2, "micro_batches": 8}) == (
-        "c", "m", 1, 2, 4, 8, "a", 2, 1, 8)
-    assert key_text(("c", "m", 1, 1, 4, 8, "a", 1, 1, 1)) == \
+                    "runner": "a", "dp": 2, "micro_batches": 8, "mix": "web#1a2b3c"}) == (
+        "c", "m", 1, 2, 4, 8, "a", 2, 1, 8, "web#1a2b3c")
+    assert key_text(("c", "m", 1, 1, 4, 8, "a", 1, 1, 1, "")) == \
         "cluster=c model=m tp=1 cp=4 seq=8 runner=a"
-    assert key_text(("c", "m", 1, 2, 4, 8, "a", 2, 1, 8)) == \
-        "cluster=c model=m tp=1 pp=2 cp=4 seq=8 runner=a dp=2 micro_batches=8"
+    assert key_text(("c", "m", 1, 2, 4, 8, "a", 2, 1, 8, "web#1a2b3c")) == \
+        "cluster=c model=m tp=1 pp=2 cp=4 seq=8 runner=a dp=2 micro_batches=8 mix=web#1a2b3c"
 
 
 def test_report_composes_each_cluster_and_model_once_and_predicts_as_before(monkeypatch, tmp_path):

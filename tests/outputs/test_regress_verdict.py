@@ -16,7 +16,7 @@ from hcp_tune.outputs.regress.settle import settle, settle_plan, sweep_args, swe
 from hcp_tune.outputs.regress.view import next_steps, summary_line, verdict_text
 
 OPTS = Options(baseline="old", candidate="new", session_spread=0.0, layout_spread=0.0)
-KEY = ("local", "tiny", 1, 1, 4, 4096, "attention", 1, 1, 1)  # regress.COMPARED: dp, mbs, m last
+KEY = ("local", "tiny", 1, 1, 4, 4096, "attention", 1, 1, 1, "")  # COMPARED: dp, mbs, m, mix
 LAYOUTS = [(seq, a2a, 8 // a2a) for seq in (4096, 8192, 16384, 32768) for a2a in (1, 2, 4, 8)]
 
 

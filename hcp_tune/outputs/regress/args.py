@@ -115,16 +115,19 @@ def report_stem(results_dir: Path, baseline: str, candidate: str) -> Path:
     return results_dir / f"regress-{slug(baseline)}-vs-{slug(candidate)}"
 
 
-def write_report(report, results_dir: Path) -> int:
-    """The Markdown and HTML files, then the terminal table; the exit code."""
+def write_report(report, results_dir: Path, rows: Optional[list[dict]] = None) -> int:
+    """The Markdown and HTML files, then the terminal table; the exit code (the report's:
+    a known upstream cause found in ``rows``' stacks is printed, never counted out)."""
     from hcp_tune.outputs import html_report
+    import hcp_tune.outputs.regress.known as known_causes
     import hcp_tune.outputs.regress.view as view
 
+    known = known_causes.match(report, rows) if rows else {}
     stem = report_stem(results_dir, report.options.baseline, report.options.candidate)
     md, page = Path(f"{stem}.md"), Path(f"{stem}.html")
-    atomic_write_text(str(md), view.markdown(report))
+    atomic_write_text(str(md), view.markdown(report, known))
     atomic_write_text(str(page), html_report.regress_page(report))
-    view.print_report(report, [str(md), str(page)])
+    view.print_report(report, [str(md), str(page)], known)
     return report.exit_code
 
 

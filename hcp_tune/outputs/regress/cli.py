@@ -63,12 +63,13 @@ def cmd_regress(args: list[str]) -> int:
             if key in a:
                 raise RegressError(f"{key}={a[key]}: only used with settle=true (the sweeps "
                                    "that settle inconclusive layouts); add settle=true")
+        rows = _rows(results_dir, tags)
         try:
-            report = model.compare(_rows(results_dir, tags), opts,
-                                   history=history_rows(results_dir, tags))
+            report = model.compare(rows, opts, history=history_rows(results_dir, tags))
         except RegressError:  # raised again from every row: the message lists every tag there
             report = model.compare(_rows(results_dir), opts)
-    return write_report(report, results_dir)
+        return write_report(report, results_dir, rows)
+    return write_report(report, results_dir, _rows(results_dir, tags))
 
 
 def _settle(a: dict[str, str], opts, results_dir: Path, tags: set[str]):

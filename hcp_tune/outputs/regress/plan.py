@@ -156,5 +156,5 @@ def cmd_run(args: list[str]) -> int:
                     f"regress run: the sweep of {tag} in round {r} exited {rc} (its error "
                     "above); the trials stored so far are kept: fix it and run again (a "
                     "sweep resumes), or analyse them with analyse_only=true")
-    report = model.compare(_rows(results_dir, {opts.baseline, opts.candidate}), opts)
-    return write_report(report, results_dir)
+    rows = _rows(results_dir, {opts.baseline, opts.candidate})
+    return write_report(model.compare(rows, opts), results_dir, rows)

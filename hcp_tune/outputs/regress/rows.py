@@ -15,8 +15,10 @@ from hcp_tune.engine.records import OLDER_ROW_DEFAULTS, key_field
 from hcp_tune.engine.verdict import usable  # noqa: F401  (the one definition)
 from hcp_tune.errors import HcpError
 
-# the sweep key without env_tag
-COMPARED = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "dp", "mbs", "micro_batches")
+# the sweep key without env_tag (mix: a packed key's length mix, "" for fixed length, so a
+# packed key is never compared with a fixed-length one; older rows read as "")
+COMPARED = ("cluster", "model", "tp", "pp", "cp", "seq", "runner", "dp", "mbs", "micro_batches",
+            "mix")
 IGNORED_FINGERPRINT = ("hosts",)  # host names alone never make rows differ
 
 # What a row's ``mem_note`` says when its peak memory is a device reading (the job's

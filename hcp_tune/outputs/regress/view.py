@@ -227,9 +227,10 @@ def summary_line(report: Comparison) -> str:
             f"exit {report.exit_code})")
 
 
-def print_report(report: Comparison, written: list[str]) -> None:
+def print_report(report: Comparison, written: list[str], known: Optional[dict] = None) -> None:
     """One table per key (the key is its title), then plain lines a script can grep; the
-    verdict columns are never wrapped or cut, the others fold to fit the width."""
+    verdict columns are never wrapped or cut, the others fold to fit the width. ``known``
+    (``known.match``): a flagged layout's upstream cause, printed beside its verdict."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -250,8 +251,8 @@ def print_report(report: Comparison, written: list[str]) -> None:
             table.add_row(*map(escape, row), style="bold red" if c.flagged else
                           "yellow" if c.inconclusive else None)
         out.print(table)
-    say(*(shift_lines(report) + shared_levels(report) + [spread_line(report)]
-          + shift_advice(report) + winner_lines(report)))
+    say(*(known_lines(report, known or {}) + shift_lines(report) + shared_levels(report)
+          + [spread_line(report)] + shift_advice(report) + winner_lines(report)))
     say(*terminal_steps(report))  # prose wrapped; each command alone, whole
     say(*[f"warning: {w}" for w in report.warnings], f"method: {report.method}",
         rate_line(report.options.design), summary_line(report))
@@ -262,7 +263,15 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown(report: Comparison) -> str:
+def known_lines(report: Comparison, known: dict) -> list[str]:
+    """Each flagged layout with a known upstream cause (``known.py``): its verdict, then
+    "known: <issue>: <cause>"; the verdict and the exit code are unchanged."""
+    from hcp_tune.outputs.regress.known import lines
+
+    return lines(report, known, verdict_text)
+
+
+def markdown(report: Comparison, known: Optional[dict] = None) -> str:
     lines = [f"# Regression: {report.options.baseline} (baseline) vs "
              f"{report.options.candidate} (candidate)", "", summary_line(report), ""]
     lines += ["## Common shift", ""] + [f"- {_md_escape(x)}" for x in shift_lines(report)
@@ -271,6 +280,9 @@ def markdown(report: Comparison) -> str:
     lines.append("")
     if report.warnings:
         lines += ["## Warnings", ""] + [f"- {_md_escape(w)}" for w in report.warnings] + [""]
+    if known:
+        lines += ["## Known upstream causes", ""] + [
+            f"- {_md_escape(x)}" for x in known_lines(report, known)] + [""]
     steps = next_steps(report)
     if steps:
         lines += ["## Next steps", ""] + [f"- {_md_escape(x)}" for x in steps] + [""]
