@@ -1,7 +1,7 @@
 """What every HCP rule is made of: the ``Facts`` a rule reads (a layout or a Bridge config,
 in Bridge's terms), the ``Finding`` it returns, the ``Rule`` row of the table, and the fixes
 several rules share (the sizes to suggest). The checks live by the upstream project whose
-behaviour they restate (``te``, ``mcore``, ``bridge``); ``rules`` holds the table.
+behaviour they restate (``te``, ``te_packed``, ``mcore``, ``bridge``); ``rules`` holds the table.
 Pure functions over numbers: no torch, no files.
 """
 from __future__ import annotations
@@ -31,7 +31,10 @@ class Facts:
     gpus_per_node: Optional[int] = None
     te: bool = True  # Transformer Engine runs the attention (Bridge always; a CPU trial not)
     te_version: Optional[tuple[int, ...]] = None  # None: not known
-    packed: bool = False  # THD format (packed sequences)
+    packed: bool = False  # THD format (packed sequences, Bridge's dataset packing)
+    pad_between_seqs: Optional[bool] = None  # what TE is passed; None: TE detects it (Bridge 0.6)
+    pad_multiple: Optional[int] = None  # each packed document padded to a multiple of it
+    pad_overhead: Optional[float] = None  # the user's mix: padding tokens per real token
     window_size: Optional[tuple[int, int]] = None
     softmax_type: str = "vanilla"
     position_embedding_type: Optional[str] = None
@@ -49,6 +52,11 @@ class Facts:
     @property
     def hcp(self) -> bool:
         return "a2a+p2p" in self.comm_types
+
+    @property
+    def ring(self) -> tuple[str, ...]:
+        """The comm types that run TE's ring (p2p) path, at cp > 1: p2p and a2a+p2p."""
+        return tuple(sorted({"p2p", "a2a+p2p"} & set(self.comm_types))) if self.cp > 1 else ()
 
     @property
     def a2a(self) -> int:

@@ -7,9 +7,9 @@ Who asks this table: ``layout.enumerate_layouts`` (why ``plan`` rejects or flags
 heads) and ``costmodel._check`` (it predicts legal layouts only). A rule reads a ``Facts``
 record, so a layout and a Bridge config are checked by the same code and report the same
 id and fix. Pure functions over numbers: no torch, no files. The checks sit by the upstream
-project they restate (``te``, ``mcore``, ``bridge``; the parts in ``facts``); this module is
-the table that orders them. Upstream sources read for each rule are named in
-``Rule.source`` (TE = TransformerEngine
+project they restate (``te``, ``te_packed`` for packed sequences, ``mcore``, ``bridge``; the
+parts in ``facts``); this module is the table that orders them. Upstream sources read for each
+rule are named in ``Rule.source`` (TE = TransformerEngine
 ``transformer_engine/pytorch/attention/dot_product_attention/``, BCFG = Megatron-Bridge
 ``src/megatron/bridge/training/config.py``).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from hcp_tune.errors import ConfigError
-from hcp_tune.upstream import bridge, mcore, te
+from hcp_tune.upstream import bridge, mcore, te, te_packed
 from hcp_tune.upstream.facts import (  # noqa: F401  (the table's users import them from here)
     SEVERITY_ORDER,
     SIZES_KEY,
@@ -30,7 +30,8 @@ from hcp_tune.upstream.facts import (  # noqa: F401  (the table's users import t
     sizes_fix,
     suggest_sizes,
 )
-from hcp_tune.upstream.te import COMM_TYPES, TE_EVEN_HEADS, TE_THD_HCP  # noqa: F401
+from hcp_tune.upstream.te import COMM_TYPES, TE_EVEN_HEADS  # noqa: F401
+from hcp_tune.upstream.te_packed import PACKING_KEYS, TE_THD_HCP  # noqa: F401
 
 
 def _dims_unknown(f: Facts):
@@ -109,9 +110,33 @@ RULES: tuple[Rule, ...] = (
          "Megatron-Core extensions/transformer_engine.py", te.te_version),
     Rule("te-version-unknown", "info", ("te_version",), "TE's version could not be checked",
          "-", te.te_version_unknown),
-    Rule("te-thd", "error", (M + "qkv_format", "dataset.packed_sequence_specs"),
-         "packed (THD) with a2a+p2p needs TE >= 2.19",
-         "TE context_parallel.py (asserted up to v2.18)", te.te_thd),
+    Rule("te-thd", "error", PACKING_KEYS + (M + "cp_comm_type", "te_version"),
+         "packed (THD) with a2a+p2p needs TE >= 2.19; NeMo 26.08/26.08.01 and Bridge 0.6.x "
+         "ship 2.18", "TE context_parallel.py attn_forward_func_with_cp (asserted up to 2.18; "
+         "TE #3290, release_v2.19)", te_packed.te_thd),
+    Rule("thd-pad-detect", "error", PACKING_KEYS + (M + "cp_comm_type", "te_version",
+                                                    "pad_between_seqs"),
+         "packed with p2p or a2a+p2p on TE <= 2.17.1 needs pad_between_seqs=True (Bridge leaves "
+         "it to TE's detection, blind to tail padding: silently wrong attention)",
+         "TE dot_product_attention.py pad_between_seqs detection; TE #3331",
+         te_packed.thd_pad_detect),
+    Rule("thd-padded-identity", "info", PACKING_KEYS + (M + "cp_comm_type", "te_version"),
+         "packed with p2p or a2a+p2p on TE >= 2.18: Bridge's separate padded cu_seqlens tensor "
+         "takes the slower exact per-rank path", "TE dot_product_attention.py (TE #2898); "
+         "TE #3487 (open)", te_packed.thd_padded_identity),
+    Rule("thd-no-backend", "error", PACKING_KEYS + (M + "num_attention_heads",
+                                                    M + "num_query_groups", M + "cp_comm_type"),
+         "packed with padding between documents under a2a or a2a+p2p needs even per-TP-rank "
+         "heads and KV heads: no attention backend is left otherwise",
+         "TE utils.py get_attention_backend (the THD and CP filters)", te_packed.thd_no_backend,
+         layout=True),
+    Rule("thd-te-unknown", "info", PACKING_KEYS + (M + "cp_comm_type", "te_version"),
+         "packed with p2p or a2a+p2p: what runs depends on TE's version (2.17.1, 2.18, 2.19)",
+         "TE #3290, #3331, #3487", te_packed.thd_te_unknown, layout=True),
+    Rule("thd-doc-padding", "info", PACKING_KEYS + (M + "context_parallel_size",),
+         "packed under CP: every document is padded to a multiple of 2*cp (its padding cost "
+         "depends on the mix)", "Megatron-Core utils.py, TE thd_get_partitioned_indices; Bridge "
+         "recipe_runner.py sync_offline_packing_alignment", te_packed.thd_doc_padding),
     Rule("sliding-window", "error", (M + "window_size", M + "cp_comm_type"),
          "a sliding window runs with a2a and all_gather, not p2p or a2a+p2p; (-1,0) and "
          "(-1,-1) are not sliding", "TE context_parallel.py attn_forward_func_with_cp",

@@ -2,8 +2,8 @@
 (``transformer_engine/pytorch/attention/dot_product_attention/``: ``context_parallel.py``,
 ``utils.py``): the communication types it accepts, its two levels, the load-balanced causal
 chunks, how a2a scatters heads, the backends left under CP, its version floors and the
-features its context parallelism runs with only some types. Each check returns (what was
-found, the fix) or None; ``rules`` puts them in the table.
+features its context parallelism runs with only some types (packed sequences: ``te_packed``).
+Each check returns (what was found, the fix) or None; ``rules`` puts them in the table.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from hcp_tune.spec import TE_MIN_HCP
 from hcp_tune.upstream.facts import SIZES_KEY, Facts, a2a_works, drop_sizes, sizes_fix
 
 COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")  # TE's spellings; anything else raises
-TE_THD_HCP = (2, 19)  # THD (packed) with a2a+p2p: asserted unsupported up to 2.18
 TE_EVEN_HEADS = (2, 15)  # first TE whose backend selection needs even heads under a2a
 
 
@@ -90,19 +89,10 @@ def te_version(f: Facts):
 
 
 def te_version_unknown(f: Facts):
-    if not f.hcp or f.te_version is not None:
-        return None
+    if not f.hcp or f.te_version is not None or (f.packed and f.te and f.cp > 1):
+        return None  # packed: rule thd-te-unknown says what the version decides
     return ("Transformer Engine's version is not known here, so the TE minimum was not checked",
             "pass te_version=X.Y.Z (the training container's TE) to check it")
-
-
-def te_thd(f: Facts):
-    if not (f.hcp and f.packed and f.te_version is not None and f.te_version < TE_THD_HCP):
-        return None
-    return (f"packed sequences (THD) with a2a+p2p need Transformer Engine >= "
-            f"{vtext(TE_THD_HCP)} (asserted unsupported up to 2.18); found "
-            f"{vtext(f.te_version)}",
-            f"use Transformer Engine >= {vtext(TE_THD_HCP)}, or model.cp_comm_type=p2p")
 
 
 def sliding_window(f: Facts):

@@ -41,7 +41,8 @@ def test_docs_state_the_size_ranges_the_loader_enforces():
 def test_layout_rules_are_the_ones_plan_checks():
     assert {r.id for r in LAYOUT_RULES} == {"seq-divisible", "heads-tp", "heads-a2a",
                                             "heads-even-a2a", "a2a-cross-node", "layers-pp",
-                                            "pp-stage-placement"}
+                                            "pp-stage-placement", "thd-no-backend",
+                                            "thd-te-unknown"}
 
 
 def test_findings_come_errors_first_with_the_rule_text():
