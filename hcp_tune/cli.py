@@ -113,7 +113,7 @@ def _measured_first(cfg, pred: dict) -> list[str]:
     return lines
 
 
-VALIDATE_KEYS = ("config", "cluster", "model", "te_version", "format")
+VALIDATE_KEYS = ("config", "cluster", "model", "te_version", "pad_between_seqs", "format")
 
 
 def cmd_validate(args: list[str]) -> int:
@@ -155,7 +155,8 @@ def cmd_validate(args: list[str]) -> int:
         loaded = config.load([f"{k}={own[k]}" for k in ("cluster", "model") if k in own])
         cluster = loaded.cluster if "cluster" in own else None
         model = loaded.model if "model" in own else None
-    findings = validate.check(tree, model=model, cluster=cluster, te_version=own.get("te_version"))
+    findings = validate.check(tree, model=model, cluster=cluster, te_version=own.get("te_version"),
+                              pad_between_seqs=own.get("pad_between_seqs"))
     source = files[0] if files else "overrides"
     if fmt == "json":
         print(json.dumps({"source": source, "findings": [vars(f) for f in findings]}, indent=2))

@@ -10,6 +10,10 @@ Input is a Bridge config YAML and/or Bridge-style overrides (``model.cp_comm_typ
   model, the finetuning loss settings) have already run, so its values are the ones that
   run. A ``GPTModelConfig`` model keeps the transformer fields under ``model.transformer``.
 
+Packed sequences are read from the dataset section (``is_packed``, ``pad_multiple``; field
+names from Megatron-Bridge r0.6.0, see ``upstream/te_packed.py``); whether the forward step
+passes ``pad_between_seqs`` to TE is not in any Bridge config, so it is validate's own key.
+
 This module only parses: it turns the tree into ``rules.Facts`` (a wrong type is a
 ``ConfigError``, exit 2) and the rules decide. No torch: Transformer Engine's version is
 read from package metadata.
@@ -17,6 +21,7 @@ read from package metadata.
 from __future__ import annotations
 
 import importlib.metadata
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -27,6 +32,7 @@ from hcp_tune.config.model import ModelSpec
 from hcp_tune.config.schema import as_bool, as_int
 from hcp_tune.errors import ConfigError, InputFileError
 from hcp_tune.upstream.rules import Facts, Finding, evaluate, suggest_sizes, version_tuple
+from hcp_tune.upstream.te_packed import PAD_KEY
 
 __all__ = ["Finding", "apply_overrides", "check", "facts", "read_config_file", "suggest_sizes"]
 
@@ -98,13 +104,24 @@ def _get(tree: dict[str, Any], dotted: str, default: Any = None) -> Any:
     return default
 
 
-def _int(tree: dict[str, Any], key: str, default: Optional[int]) -> Optional[int]:
+def _int(tree: dict[str, Any], key: str, default: Optional[int],
+         minimum: int = 1) -> Optional[int]:
     value = _get(tree, key, default)
-    return None if value is None else as_int(value, key, strict=True)
+    return None if value is None else as_int(value, key, strict=True, minimum=minimum)
 
 
 def _bool(tree: dict[str, Any], key: str, default: bool) -> bool:
     return as_bool(_get(tree, key, default), key)
+
+
+def _flag(value: Any, key: str) -> Optional[bool]:
+    """A command-line ``key=true|false`` (YAML, as the overrides), or None when not given."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            pass
+    return None if value is None else as_bool(value, key)
 
 
 def _int_list(tree: dict[str, Any], key: str, length: Optional[int] = None,
@@ -162,9 +179,53 @@ def _comm_types(tree: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
     return (comm or "p2p",), False  # Megatron-Core hands TE "p2p" when unset
 
 
+def _specs(tree: dict[str, Any]) -> tuple[str, Any]:
+    """Offline packing's ``PackedSequenceSpecs`` and where: ``dataset.offline_packing_specs``
+    (Bridge 0.6, ``data/builders/gpt_sft.py`` GPTSFTDatasetConfig) or
+    ``dataset.packed_sequence_specs`` (Bridge <= 0.5, ``data/datasets/packed_sequence.py``)."""
+    for key in ("dataset.offline_packing_specs", "dataset.packed_sequence_specs"):
+        node = _get(tree, key)
+        if node is not None:
+            return key, node
+    return "", None
+
+
+def is_packed(tree: dict[str, Any]) -> bool:
+    """Documents are packed (THD reaches TE: Bridge's ``get_packed_seq_params`` sets
+    ``qkv_format="thd"``): offline or in-batch packing switched on, or packing specs with a
+    ``packed_sequence_size`` > 0 (-1 means no packing). ``model.qkv_format=thd`` is hcp-tune's
+    shorthand (not a Bridge field)."""
+    if _get(tree, "model.qkv_format") == "thd" or any(
+            _bool(tree, f"dataset.{k}", False)
+            for k in ("enable_offline_packing", "enable_in_batch_packing")):
+        return True
+    key, specs = _specs(tree)
+    size = (_int(tree, f"{key}.packed_sequence_size", None, minimum=-1)
+            if isinstance(specs, dict) else None)
+    return size is not None and size > 0
+
+
+def pad_multiple(tree: dict[str, Any], cp: int, tp: int, resolved: bool) -> int:
+    """The multiple each packed document is padded to, as Bridge 0.6 runs it: the multiple
+    of 2*cp (and cp*tp with sequence parallelism) that ``ConfigContainer.validate`` sets as
+    ``in_batch_packing_pad_to_multiple_of``, or offline packing's ``pad_seq_to_mult`` raised
+    to it by ``recipe_runner.py`` ``sync_offline_packing_alignment`` (a resolved config
+    shows the raised value)."""
+    sp = _bool(tree, "model.sequence_parallel", False) and tp > 1
+    unit = math.lcm(2 * cp if cp > 1 else 1, cp * tp if sp else 1)
+    key, specs = _specs(tree)
+    if _bool(tree, "dataset.enable_in_batch_packing", False) or not isinstance(specs, dict):
+        return unit
+    given = _int(tree, f"{key}.pad_seq_to_mult", None) or 1
+    return given if resolved else math.lcm(given, unit)
+
+
 def facts(tree: dict[str, Any], *, model: Optional[ModelSpec] = None,
-          cluster: Optional[ClusterProfile] = None, te_version: Optional[str] = None) -> Facts:
-    """What the rules read, from a Bridge config tree (``model=`` fills missing dimensions)."""
+          cluster: Optional[ClusterProfile] = None, te_version: Optional[str] = None,
+          pad_between_seqs: Optional[Any] = None) -> Facts:
+    """What the rules read, from a Bridge config tree (``model=`` fills missing dimensions;
+    ``pad_between_seqs``: what the user's forward step passes to TE, None when it leaves it
+    to TE, as Bridge 0.6 does)."""
     resolved = is_resolved(tree)
     comm_types, per_layer = _comm_types(tree)
     model_seq = _int(tree, "model.seq_length", None)
@@ -172,16 +233,12 @@ def facts(tree: dict[str, Any], *, model: Optional[ModelSpec] = None,
     # a hand-written config goes through run_recipe.py, which runs the dataset's length
     use_dataset = dataset_seq is not None and (not resolved or model_seq is None)
     te = te_version or installed_te_version()
-    packed = _get(tree, "model.qkv_format") == "thd" or any(
-        _get(tree, f"dataset.{k}") is True
-        for k in ("enable_offline_packing", "enable_in_batch_packing")) or any(
-        isinstance(n, int) and n > 0  # PackedSequenceSpecs: -1 means no packing
-        for n in (_get(tree, f"dataset.{k}.packed_sequence_size")
-                  for k in ("packed_sequence_specs", "offline_packing_specs")))
+    cp = _int(tree, "model.context_parallel_size", 1)
+    tp = _int(tree, "model.tensor_model_parallel_size", 1)
+    packed = is_packed(tree)
     softmax = _get(tree, "model.softmax_type", "vanilla")
     return Facts(
-        cp=_int(tree, "model.context_parallel_size", 1),
-        tp=_int(tree, "model.tensor_model_parallel_size", 1),
+        cp=cp, tp=tp,
         seq=dataset_seq if use_dataset else model_seq,
         seq_key="dataset.seq_length" if use_dataset else "model.seq_length",
         heads=_int(tree, "model.num_attention_heads", model.heads if model else None),
@@ -192,6 +249,8 @@ def facts(tree: dict[str, Any], *, model: Optional[ModelSpec] = None,
         gpus_per_node=cluster.gpus_per_node if cluster else None,
         te_version=version_tuple(te) if te else None,
         packed=packed,
+        pad_between_seqs=_flag(pad_between_seqs, PAD_KEY),
+        pad_multiple=pad_multiple(tree, cp, tp, resolved) if packed else None,
         window_size=_int_list(tree, "model.window_size", length=2, minimum=-1),
         softmax_type=str(softmax),
         position_embedding_type=_get(tree, "model.position_embedding_type"),
@@ -214,6 +273,8 @@ def check(
     model: Optional[ModelSpec] = None,
     cluster: Optional[ClusterProfile] = None,
     te_version: Optional[str] = None,
+    pad_between_seqs: Optional[Any] = None,
 ) -> list[Finding]:
     """Every HCP rule over a Bridge config tree: parse, then run the rules (errors first)."""
-    return evaluate(facts(tree, model=model, cluster=cluster, te_version=te_version))
+    return evaluate(facts(tree, model=model, cluster=cluster, te_version=te_version,
+                          pad_between_seqs=pad_between_seqs))

@@ -34,6 +34,8 @@ ODD = ["model.num_attention_heads=12", "model.num_query_groups=12",
        "model.tensor_model_parallel_size=4", "model.context_parallel_size=6",
        "model.hierarchical_context_parallel_sizes=[3,2]", "model.seq_length=120000"]
 FT = ["dataset.seq_length=131072", "dataset.enable_offline_packing=false"]
+PACKED = "dataset.enable_offline_packing=true"  # Bridge 0.6 offline packing (THD)
+P2P = ["model.cp_comm_type=p2p", NO_SIZES]
 
 
 def findings(*extra, base=GOOD, **kw):
@@ -95,6 +97,15 @@ BOTH_WAYS = [
     ("te-thd", ["model.qkv_format=thd"], ["model.qkv_format=thd"], {"te_version": "2.18.1", "te_old": "2.19.0"}),
     ("te-thd", ["dataset.offline_packing_specs.packed_sequence_size=8192"],
      ["dataset.offline_packing_specs.packed_sequence_size=-1"], {"te_version": "2.18.1"}),
+    ("thd-pad-detect", [PACKED, *P2P], [PACKED, *P2P], {"te_version": "2.17.1", "te_old": "2.18.0"}),
+    ("thd-pad-detect", [PACKED, *P2P], [PACKED, "model.cp_comm_type=a2a", NO_SIZES],
+     {"te_version": "2.17.1"}),
+    ("thd-padded-identity", [PACKED], [PACKED], {"te_version": "2.19.0", "te_old": "2.17.1"}),
+    ("thd-no-backend", [*ODD, PACKED], ODD, {"te_version": "2.19.0"}),
+    ("thd-no-backend", [*ODD, PACKED], [*ODD, PACKED, "model.tensor_model_parallel_size=2"],
+     {"te_version": "2.19.0"}),
+    ("thd-doc-padding", [PACKED], [], {}),
+    ("thd-doc-padding", [PACKED], [PACKED, "model.context_parallel_size=1", *P2P], {}),
     ("sliding-window", ["model.window_size=[128,0]"], ["model.window_size=[128,0]",
                                                       "model.cp_comm_type=a2a", NO_SIZES], {}),
     ("sliding-window", ["model.window_size=[128,0]", "model.cp_comm_type=p2p", NO_SIZES],
@@ -131,7 +142,8 @@ def test_rule_fires_and_its_neighbour_does_not(rule, bad, good, kw):
 
 
 def test_every_bridge_rule_is_tested_both_ways():
-    tested = {c[0] for c in BOTH_WAYS} | {"te-version-unknown", "seq-mismatch", "finetune-cp-loss"}
+    tested = {c[0] for c in BOTH_WAYS} | {"te-version-unknown", "seq-mismatch", "finetune-cp-loss",
+                                          "thd-te-unknown"}  # test_validate_packed.py
     assert {r.id for r in RULES} <= tested
 
 
