@@ -149,9 +149,12 @@ class Candidate:
 
 
 def layout_facts(model: ModelSpec, cluster: ClusterProfile, layout: Layout, *, tp: int,
-                 seq: int, drop_cross_node_a2a: bool = False, pp: int = 1) -> Facts:
-    """What the rules read about one candidate layout (as Bridge would run it)."""
+                 seq: int, drop_cross_node_a2a: bool = False, pp: int = 1,
+                 packed: bool = False) -> Facts:
+    """What the rules read about one candidate layout (as Bridge would run it; ``packed``:
+    documents packed (THD), each padded to 2*cp, TE left to detect the padding)."""
     return Facts(
+        packed=packed, pad_multiple=2 * layout.cp if packed and layout.cp > 1 else None,
         pp=pp, num_layers=model.layers,
         cp=layout.cp, tp=tp, seq=seq, heads=model.heads, kv_heads=model.kv_heads,
         comm_types=(layout.comm_type if layout.cp > 1 else "p2p",),
@@ -171,13 +174,15 @@ def enumerate_layouts(
     dp: int = 1,
     pp: int = 1,
     drop_cross_node_a2a: bool = False,
+    packed: bool = False,
 ) -> list[Candidate]:
     """Every split of ``cp`` for one (tp, seq), each kept or rejected with its reasons;
-    the rank groups span all ``pp`` pipeline stages."""
+    the rank groups span all ``pp`` pipeline stages; ``packed``: the packed-sequence rules
+    apply too (data.packing=thd)."""
     out = []
     for layout in factorizations(cp):
         facts = layout_facts(model, cluster, layout, tp=tp, seq=seq,
-                             drop_cross_node_a2a=drop_cross_node_a2a, pp=pp)
+                             drop_cross_node_a2a=drop_cross_node_a2a, pp=pp, packed=packed)
         found = evaluate(facts, LAYOUT_RULES)
         dropped = {"a2a-cross-node"} if drop_cross_node_a2a else set()
         reasons = [f.text for f in found if f.severity == "error" or f.rule in dropped]

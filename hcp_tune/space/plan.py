@@ -9,7 +9,9 @@ import dataclasses
 from typing import Any
 
 from hcp_tune.config import SweepConfig
+from hcp_tune.packing import summarise
 from hcp_tune.space.layout import Candidate, enumerate_layouts
+from hcp_tune.upstream.rules import BY_ID, Facts, evaluate
 
 
 def candidates(cfg: SweepConfig) -> list[Candidate]:
@@ -30,6 +32,7 @@ def candidates(cfg: SweepConfig) -> list[Candidate]:
             dp=cfg.dp,
             pp=cfg.pp,
             drop_cross_node_a2a=cfg.drop_cross_node_a2a,
+            packed=cfg.data.packing == "thd",
         )
     ]
     only = cfg.search.a2a_sizes
@@ -94,6 +97,21 @@ def stage_note(cfg: SweepConfig) -> str:
             f"world; the cost model predicts the whole pipeline")
 
 
+def mix_notes(cfg: SweepConfig) -> list[str]:
+    """data.packing=thd: per seq, the mix's label and summary (documents a sequence, attention
+    work against one seq-long document, the 2*cp padding), then the per-document padding rule
+    (``thd-doc-padding``, with this mix's overhead when one seq is planned)."""
+    lines, overheads = [], []
+    for seq, mix in cfg.mixes:
+        s = summarise(mix, seq, cfg.cp)
+        overheads.append(s.padding_overhead)
+        lines.append(f"data.packing=thd, mix {mix.label} at seq={seq}: {s.line()}")
+    facts = Facts(cp=cfg.cp, packed=bool(cfg.mixes),
+                  pad_overhead=overheads[0] if len(overheads) == 1 else None)
+    return lines + [f.text for f in evaluate(facts, (BY_ID["thd-doc-padding"],))]
+
+
 def notes(cfg: SweepConfig) -> list[str]:
-    """Lines every command prints above its table: the recipe followed, the stage note."""
-    return [n for n in (cfg.recipe_note, stage_note(cfg)) if n]
+    """Lines every command prints above its table: the recipe followed, the stage note, the
+    length mix's summary when documents are packed."""
+    return [n for n in (cfg.recipe_note, stage_note(cfg)) if n] + mix_notes(cfg)
