@@ -31,6 +31,10 @@ the attention runner measures exactly this):
   the compute stream. What exceeds the pure compute is the exposed p2p time.
 - ``Terms`` splits the three sums into these parts for the user's breakdown;
   ``forward_only`` keeps the forward pass alone (published inference-style tables).
+- packed sequences (``packed``, a ``packed.PackedWork``): the compute is the documents'
+  ``sum(d^2)`` work, each document's kernel at its own short-block efficiency, times the
+  slowest a2a group's share (``compute_imbalance_s``); every transfer is unchanged (the
+  tensors still hold ``seq`` tokens), so the ring hides less.
 """
 from __future__ import annotations
 
@@ -121,26 +125,37 @@ def ring_pass(p: int, steps: list[tuple[float, float]], overhead: float) -> floa
     return sum((p - 1) * max(c + overhead, t) + c for c, t in steps)
 
 
-def attention_core(model, cluster, cand, mbs, dtype, params, forward_only=False) -> AttentionCore:
+def block_efficiency(tokens: float, params: CostParams) -> float:
+    """How much of its long-block efficiency a kernel over ``tokens`` queries/keys reaches."""
+    f = tokens / (tokens + params.half_efficiency_tokens)
+    if params.large_block_tokens:
+        f /= 1 + tokens / params.large_block_tokens
+    return f
+
+
+def attention_core(model, cluster, cand, mbs, dtype, params, forward_only=False,
+                   packed=None) -> AttentionCore:
     a, p, tp, cp, seq = cand.layout.a2a, cand.layout.p2p, cand.tp, cand.cp, cand.seq
     b = DTYPE_BYTES[dtype]
     groups = layout_groups(cand, cluster)
     fwd, bwd = causal_attention_flops(seq, model.heads, model.head_dim, mbs)
+    if packed is not None:  # the documents' sum(d^2) instead of seq^2 (packed.py)
+        fwd, bwd = fwd * packed.work_fraction, bwd * packed.work_fraction
     if forward_only:
         bwd = 0.0
     block_tokens = seq / p
     heads_per_rank = model.heads / (tp * a)
     peak = peak_flops(cluster, params, dtype, node_ranks(cand, cluster))
-    f_block = block_tokens / (block_tokens + params.half_efficiency_tokens)
-    if params.large_block_tokens:
-        f_block /= 1 + block_tokens / params.large_block_tokens
+    inv_block = (1 / block_efficiency(block_tokens, params) if packed is None else
+                 packed.inverse_efficiency(lambda t: block_efficiency(t, params)))
     f_heads = heads_per_rank / (heads_per_rank + params.half_efficiency_heads)
-    rate = peak * params.compute_efficiency * f_block * f_heads
-    comp_f, comp_b = fwd / (tp * cp) / rate, bwd / (tp * cp) / rate
     ideal = (fwd + bwd) / (tp * cp) / (peak * params.compute_efficiency)
-    no_heads = ideal / f_block
+    no_heads = ideal * inv_block
+    balanced = no_heads / f_heads
+    total = balanced * (packed.imbalance if packed is not None else 1.0)
+    comp_f, comp_b = (total * fwd / (fwd + bwd), total * bwd / (fwd + bwd)) if fwd else (0, 0)
     terms = {"compute_ideal_s": ideal, "compute_short_block_s": no_heads - ideal,
-             "compute_few_heads_s": comp_f + comp_b - no_heads}
+             "compute_few_heads_s": balanced - no_heads, "compute_imbalance_s": total - balanced}
 
     local_tokens = mbs * seq / cp
     q_bytes = local_tokens * model.heads / tp * model.head_dim * b

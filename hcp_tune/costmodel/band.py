@@ -194,10 +194,10 @@ def of_calibration(doc: dict[str, Any]) -> Band | None:
 
 def of_rows(per_row: list[dict[str, Any]], *, q: float = Q, source: str = "") -> Band | None:
     """The band of a fit report's rows (``calibrate.FitReport.per_row``: tp, cp, seq,
-    measured_s, predicted_s), keys by (tp, cp, seq); None without a key of two layouts."""
+    measured_s, predicted_s), keys by (tp, cp, seq, mix); None without a key of two layouts."""
     keys: dict[tuple, tuple[list[float], list[float]]] = {}
     for r in per_row:
-        m, p = keys.setdefault((r["tp"], r["cp"], r["seq"]), ([], []))
+        m, p = keys.setdefault((r["tp"], r["cp"], r["seq"], r.get("mix", "")), ([], []))
         m.append(float(r["measured_s"]))
         p.append(float(r["predicted_s"]))
     usable = [k for k in keys.values() if len(k[0]) >= 2]

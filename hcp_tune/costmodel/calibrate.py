@@ -30,6 +30,7 @@ from typing import Any
 from hcp_tune.config.cluster import ClusterProfile
 from hcp_tune.config.model import ModelSpec
 from hcp_tune.costmodel import band
+from hcp_tune.costmodel.packed import mix_of_row, packed_work
 from hcp_tune.costmodel.formulas import (
     FIT_FIELDS,
     FIT_MAX,
@@ -115,11 +116,15 @@ PASSES = ("fwd+bwd", "fwd")  # a row's "passes": what was timed (published table
 def predict_row(model: ModelSpec, cluster: ClusterProfile, cand: Candidate, row: dict,
                 params: CostParams) -> Prediction:
     """The prediction a measured row is compared with: ``predict`` for a ``runner=bridge``
-    row, else one attention layer, forward only when the row says ``passes: fwd``."""
+    row, else one attention layer, forward only when the row says ``passes: fwd``; a packed
+    row (its ``mix``) on the documents its trials ran (``packed.mix_of_row``)."""
     passes = row.get("passes", "fwd+bwd")
     if passes not in PASSES:
         raise ValueError(f"row passes={passes!r}: expected one of {', '.join(PASSES)}")
-    kw = dict(mbs=int(row.get("mbs", 1)), dtype=row.get("dtype", "bf16"), params=params)
+    mbs = int(row.get("mbs", 1))
+    mix = mix_of_row(row)
+    kw = dict(mbs=mbs, dtype=row.get("dtype", "bf16"), params=params, packed=None if mix is None
+              else packed_work(mix, cand.seq, cand.cp, cand.layout.a2a, mbs))
     if row.get("runner", "attention") == "bridge":
         if passes == "fwd":
             raise ValueError("row passes='fwd' with runner=bridge: a training step has a backward")
@@ -182,7 +187,8 @@ def fit_report(rows: list[dict], params: CostParams, *, clusters=None, models=No
     for (model, cluster, cand, r), e in zip(resolved, _errors(resolved, params)):
         rel = math.exp(e) - 1.0
         per_row.append({"cp": cand.cp, "a2a": cand.layout.a2a, "p2p": cand.layout.p2p,
-                        "tp": cand.tp, "seq": cand.seq, "measured_s": float(r["median_s"]),
+                        "tp": cand.tp, "seq": cand.seq, "mix": str(r.get("mix") or ""),
+                        "measured_s": float(r["median_s"]),
                         "predicted_s": float(r["median_s"]) * math.exp(e), "rel_error": rel})
     rels = [abs(p["rel_error"]) for p in per_row]
     return FitReport(n=len(rels), rms_rel_error=math.sqrt(sum(x * x for x in rels) / len(rels)),
@@ -268,6 +274,7 @@ def save_params(results_dir, cluster: str, env_tag: str, params: CostParams,
     """Write the fitted parameters and the fit's error atomically; returns the path."""
     path = params_path(results_dir, cluster, env_tag)
     fit = {k: v for k, v in fit_report.as_dict().items() if k != "per_row"}
+    fit["packed_rows"] = sum(1 for r in fit_report.per_row if r.get("mix"))  # packed.validated
     own = band.of_rows(fit_report.per_row, source="in-sample residuals of this calibration")
     if own is not None:  # predict uses it once it spans band.MIN_KEYS keys (costmodel.band)
         fit["band"] = own.as_dict()

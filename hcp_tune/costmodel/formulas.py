@@ -50,6 +50,7 @@ from hcp_tune.costmodel.params import (  # noqa: F401  (importable from here: th
     Terms,
     label_for,
 )
+from hcp_tune.costmodel.packed import PackedWork
 from hcp_tune.flops import layer_gemm_flops, lm_head_flops
 from hcp_tune.space.layout import Candidate, layout_facts
 from hcp_tune.upstream.pipeline import (
@@ -66,15 +67,17 @@ from hcp_tune.upstream.rules import LAYOUT_RULES, evaluate
 def predict_attention_layer(
     model: ModelSpec, cluster: ClusterProfile, candidate: Candidate, *, mbs: int = 1,
     dtype: str = "bf16", params: CostParams = CostParams(), forward_only: bool = False,
+    packed: PackedWork | None = None,
 ) -> Prediction:
     """One attention layer's core, forward and backward (what ``runner=attention`` measures).
 
     ``other_s`` is the fixed per-layer overhead; memory is the layer's Q/K/V/O and buffers.
     ``forward_only``: the forward pass alone (FLOPs, the four forward all-to-alls, the
     forward ring), as inference benchmarks such as the yunchang tables measure it.
+    ``packed``: the layout's packed documents (``packed.packed_work``), None: fixed length.
     """
     _check(model, cluster, candidate, mbs, dtype)
-    att = attention_core(model, cluster, candidate, mbs, dtype, params, forward_only)
+    att = attention_core(model, cluster, candidate, mbs, dtype, params, forward_only, packed)
     other = params.layer_overhead_us * 1e-6
     a2a_gib, p2p_gib = buffers_gib(candidate, att)
     acts = (att.qkvo_bytes + att.qkvo_bytes * model.heads / (model.heads + 2 * model.kv_heads))
@@ -91,17 +94,18 @@ def predict_attention_layer(
 def predict(
     model: ModelSpec, cluster: ClusterProfile, candidate: Candidate, *, mbs: int = 1,
     dtype: str = "bf16", params: CostParams = CostParams(), micro_batches: int = 1,
-    recompute: Recompute = Recompute(),
+    recompute: Recompute = Recompute(), packed: PackedWork | None = None,
 ) -> Prediction:
     """One full training step of ``candidate`` on ``cluster``: ``micro_batches`` micro-batches
     of ``mbs`` sequences through ``candidate.pp`` pipeline stages (1F1B), forward and
     backward, with ``recompute`` as Bridge configures it (pipeline.py). Times and memory
     are those of the busiest stage; with pp=1, one micro-batch and no recompute this is
-    one micro-batch through every layer."""
+    one micro-batch through every layer. ``packed``: packed documents (``attention``); the
+    GEMMs still run every one of the ``seq`` tokens (padding and unfilled tail too)."""
     _check(model, cluster, candidate, mbs, dtype)
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, but got {micro_batches=}.")
-    att = attention_core(model, cluster, candidate, mbs, dtype, params)
+    att = attention_core(model, cluster, candidate, mbs, dtype, params, packed=packed)
     pp, tp, cp, b = candidate.pp, candidate.tp, candidate.cp, DTYPE_BYTES[dtype]
     L, m = stage_layers(model.layers, pp), micro_batches
     tokens = mbs * candidate.seq / cp

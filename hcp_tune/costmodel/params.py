@@ -122,13 +122,15 @@ class CostParams:
 class Terms:
     """Where the time goes inside ``compute_s``, ``exposed_a2a_s`` and ``exposed_p2p_s``
     (seconds, same scope as the ``Prediction``): the three sums are exactly
-    ``compute_s = compute_ideal_s + compute_short_block_s + compute_few_heads_s``,
+    ``compute_s = compute_ideal_s + compute_short_block_s + compute_few_heads_s +
+    compute_imbalance_s``,
     ``exposed_a2a_s = a2a_volume_s + a2a_messages_s + a2a_shared_link_s`` and
     ``exposed_p2p_s = ring_transfer_s + ring_step_overhead_s``."""
 
     compute_ideal_s: float = 0.0  # FLOPs at the long-block, many-heads efficiency
     compute_short_block_s: float = 0.0  # extra: a ring step's kernel sees a short block
     compute_few_heads_s: float = 0.0  # extra: few heads per rank after the all-to-all
+    compute_imbalance_s: float = 0.0  # extra: packed documents load the a2a groups unevenly
     a2a_volume_s: float = 0.0  # (N-1)/N of each tensor at the rank's own link bandwidth
     a2a_messages_s: float = 0.0  # N-1 messages per collective: latency + small-message cost
     a2a_shared_link_s: float = 0.0  # extra when the node's aggregate bandwidth caps each rank

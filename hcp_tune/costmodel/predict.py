@@ -16,6 +16,13 @@
 Calibrated parameters for ``cfg.cluster``/``cfg.env_tag`` are used when stored; otherwise
 the shipped calibration the cluster profile names (``calibration:``), otherwise the
 defaults, and the label says which. No torch.
+
+Packed keys (``data.packing=thd``): each layout is predicted on the documents its trials
+run (``packed.packed_work``: ``cfg.mix_at(seq)`` packed for ``cfg.mbs`` sequences, as
+``engine.trialspec`` draws them); its row carries the mix's figures under ``packed``, and
+until a calibration fitted on packed rows is in use (``packed.validated``) its label says
+"not validated on packed data" and its key gets no band (every layout that fits is to be
+measured).
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from hcp_tune.config import SweepConfig
 from hcp_tune.costmodel import band, memory
 from hcp_tune.costmodel.calibrate import load_params, load_shipped, params_path
 from hcp_tune.costmodel.formulas import CostParams, Prediction, label_for, predict
+from hcp_tune.costmodel.packed import NOT_VALIDATED, PackedWork, packed_work, validated
 from hcp_tune.space.layout import Candidate
 from hcp_tune.space.plan import candidates as plan_candidates
 from hcp_tune.space.plan import crossing, notes
@@ -73,12 +81,27 @@ def settle_command(cfg: SweepConfig, seq: int, tp: int, a2a_sizes: list[int]) ->
         args.append(f"recompute_method={cfg.recompute.method}")
         if cfg.recompute.num_layers is not None:
             args.append(f"recompute_num_layers={cfg.recompute.num_layers}")
+    if cfg.data.packing == "thd":  # the same documents: a packed key is its own key
+        args += ["data.packing=thd", f"data.lengths={cfg.data.lengths}"]
     if cfg.env_tag != "default":
         args.append(f"env_tag={cfg.env_tag}")
     if results_dir_override(cfg):
         args.append(f"results_dir={results_dir_override(cfg)}")
     args += [f"runner={runner}", f"search.a2a_sizes=[{','.join(map(str, a2a_sizes))}]"]
     return "python -m hcp_tune sweep " + " ".join(shlex.quote(a) for a in args)
+
+
+def packed_for(cfg: SweepConfig, c: Candidate) -> PackedWork | None:
+    """The documents a packed key's trials run on this layout; None for fixed length."""
+    mix = cfg.mix_at(c.seq)
+    return None if mix is None else packed_work(mix, c.seq, c.cp, c.layout.a2a, cfg.mbs)
+
+
+def packed_checked(cfg: SweepConfig, params: CostParams) -> bool:
+    """Whether the parameters in use were fitted on packed rows (your calibration's file
+    says so); the shipped calibrations and the defaults never were."""
+    path = params_path(cfg.results_dir, cfg.cluster.name, cfg.env_tag)
+    return params.calibrated and path.is_file() and validated(json.loads(path.read_text()))
 
 
 def close_groups(cfg: SweepConfig, rows: list[dict[str, Any]], b: band.Band) -> list[dict]:
@@ -91,9 +114,12 @@ def close_groups(cfg: SweepConfig, rows: list[dict[str, Any]], b: band.Band) -> 
             keys.setdefault((r["seq"], r["tp"]), {})[r["a2a"]] = r["predicted_step_time_s"]
     out = []
     training = cfg.runner.name == "bridge" or cfg.pp > 1
+    unchecked = {r["seq"] for r in rows if r.get("packed") and not r["packed"]["validated"]}
     for (seq, tp), times in keys.items():
         gaps = [] if b.own else band.domain_gaps(cfg.cluster, gpus=tp * cfg.cp * cfg.dp * cfg.pp,
                                                  training_step=training)
+        if seq in unchecked:  # the band's keys, and a calibration's own, are fixed length
+            gaps.append(f"packed data (mix {cfg.mix_at(seq).label})")
         # outside the band's domain: no band; every layout that fits is to be measured
         group = sorted(times, key=times.get) if gaps else band.close_group(times, b)
         out.append({"seq": seq, "tp": tp, "a2a_sizes": group,
@@ -116,7 +142,8 @@ def ordering(cfg: SweepConfig, cands: list[Candidate] | None = None, *,
     params = params or params_for(cfg)
     cands = plan_candidates(cfg) if cands is None else cands
     pairs = [(c, predict(cfg.model, cfg.cluster, c, mbs=cfg.mbs, dtype=cfg.dtype, params=params,
-                         micro_batches=cfg.micro_batches, recompute=cfg.recompute))
+                         micro_batches=cfg.micro_batches, recompute=cfg.recompute,
+                         packed=packed_for(cfg, c)))
              for c in cands if c.kept]
     return sorted(pairs, key=lambda cp: (_key(cp[0]), cp[1].step_time_s, cp[0].layout.a2a))
 
@@ -193,11 +220,17 @@ def predict_rows(cfg: SweepConfig, *, params: CostParams | None = None) -> dict[
     # vs_best against the fastest layout that fits (of all, in a key where none fits)
     best = {**_best_by_key(ordered),
             **_best_by_key([(c, p) for c, p in ordered if p.memory_gib <= gpu_mem])}
+    checked = packed_checked(cfg, params) if cfg.mixes else False
     rows, rank, last = [], 0, None
     for c, p in ordered:
         rank = 1 if _key(c) != last else rank + 1
         last = _key(c)
         rows.append(_row(c, p, rank, best[_key(c)], gpu_mem))
+        work = packed_for(cfg, c)
+        if work is not None:
+            rows[-1]["packed"] = work.as_dict(checked)
+            if not checked:
+                rows[-1]["label"] = f"{p.label}; packed {work.mix}: {NOT_VALIDATED}"
         if not rows[-1]["fits_memory"]:
             rows[-1]["rank"] = None
     advice = fit_advice(cfg, ordered, params)

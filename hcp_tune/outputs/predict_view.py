@@ -41,6 +41,29 @@ def close_group_lines(pred: dict[str, Any]) -> list[str]:
     return lines
 
 
+def packed_lines(pred: dict[str, Any]) -> list[str]:
+    """Per packed (seq, tp) key: what its mix does to the attention (``costmodel.packed``),
+    and whether the model was checked on packed data."""
+    keys: dict[tuple[int, int], list[dict]] = {}
+    for r in pred["candidates"]:
+        if r.get("packed"):
+            keys.setdefault((r["seq"], r["tp"]), []).append(r)
+    out = []
+    for (seq, tp), rows in keys.items():
+        k = rows[0]["packed"]
+        worst = max(rows, key=lambda r: r["packed"]["imbalance"])
+        out.append(
+            f"packed tp={tp} seq={seq} mix {k['mix']}, the {k['sequences']} sequence(s) a "
+            f"trial runs: {k['docs_per_seq']:.1f} documents a sequence, attention work "
+            f"{k['attention_fraction']:.1%} of one seq-long document, "
+            f"2*cp padding +{k['padding_overhead']:.2%}, slowest a2a group "
+            f"{worst['packed']['imbalance']:.3f}x the mean ([{worst['a2a']},{worst['p2p']}]); "
+            + ("checked on packed rows by your calibration" if k["validated"] else
+               f"these predictions are {k['note']}: the model and its band were checked on "
+               "fixed-length keys only"))
+    return out
+
+
 def print_predict(pred: dict[str, Any]) -> None:
     """The cost model's table: every number PREDICTED, with the parameters' source. The
     default table holds the breakdown's five parts and fits TABLE_WIDTH columns; the terms
@@ -84,6 +107,7 @@ def print_predict(pred: dict[str, Any]) -> None:
     for r in pred["rejected"]:
         out.print(escape(f"rejected tp={r['tp']} seq={r['seq']} [{r['a2a']},{r['p2p']}]: "
                          + "; ".join(r["reasons"])))
+    say(*packed_lines(pred))
     say(*close_group_lines(pred))  # prose wrapped, a command whole
     out.print(escape(f"every number above is {pred['label']}; measure with "
                      "`python -m hcp_tune sweep ...` on the cluster"))

@@ -48,7 +48,9 @@ def test_fit_report_rows_carry_measured_and_predicted_seconds():
     rows = synthetic_rows(noise=0.05)
     _, rep = fit(rows, clusters={"local": LOCAL.cluster})
     r = rep.per_row[0]
-    assert set(r) == {"cp", "a2a", "p2p", "tp", "seq", "measured_s", "predicted_s", "rel_error"}
+    assert set(r) == {"cp", "a2a", "p2p", "tp", "seq", "mix", "measured_s", "predicted_s",
+                      "rel_error"}
+    assert r["mix"] == ""  # a fixed-length row (packed rows carry their mix label)
     assert r["rel_error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
     assert 0.02 < rep.rms_rel_error < 0.08  # the 5% noise cannot be fitted away
 
