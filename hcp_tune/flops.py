@@ -17,7 +17,18 @@ def causal_attention_flops(seq: int, heads: int, head_dim: int, mbs: int) -> tup
     (the FlashAttention benchmarks' convention, flash_attn/utils/benchmark.py). GQA does not
     change the count: it is set by the query heads.
     """
-    fwd = 4.0 * seq * seq * heads * head_dim * mbs / 2.0
+    return packed_attention_flops([seq] * mbs, heads, head_dim)
+
+
+def packed_attention_flops(docs: list[int], heads: int, head_dim: int) -> tuple[float, float]:
+    """(forward, backward) FLOPs of causal attention over packed documents (THD), one layer.
+
+    Attention runs within each document only, so the work is ``sum(d^2)`` over the
+    documents' real (unpadded) lengths, not ``S^2`` of the packed sequence: forward
+    ``4*sum(d^2)*heads*head_dim/2``, backward 2.5x, as ``causal_attention_flops`` (which is
+    this with one document a sequence). Padding tokens do no model work and are not counted.
+    """
+    fwd = 4.0 * sum(d * d for d in docs) * heads * head_dim / 2.0
     return fwd, BACKWARD_OVER_FORWARD_ATTENTION * fwd
 
 

@@ -7,6 +7,10 @@ FLOPs convention (causal self-attention, one layer, forward + backward):
 - backward = 2.5 * forward (the FlashAttention papers' convention: 5 matmuls, one of them
   recomputing QK^T, counted as 2.5x the forward);
 - per GPU = total / (cp * tp): CP splits the sequence work, TP the heads.
+- packed sequences (THD): attention runs within each document, so ``seq^2`` becomes
+  ``sum(d^2)`` over the documents' real lengths (``flops.packed_attention_flops``); padding
+  does no model work. Counting ``S^2`` there would inflate the achieved rate several-fold
+  and hide a layout beating physics.
 
 So a step's model FLOPs are 3.5 * forward. Softmax and elementwise work are not counted,
 as usual; the achieved rate is model FLOPs per GPU divided by the median step time.
@@ -34,7 +38,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from hcp_tune.flops import causal_attention_flops
+from hcp_tune.flops import causal_attention_flops, packed_attention_flops
 from hcp_tune.noise import percentile
 
 
@@ -46,8 +50,21 @@ def attention_flops(*, seq: int, heads: int, head_dim: int, mbs: int = 1) -> dic
 
 
 def flops_per_gpu(spec) -> float:
-    total = attention_flops(seq=spec.seq, heads=spec.heads, head_dim=spec.head_dim, mbs=spec.mbs)
-    return total["total"] / (spec.cp * spec.tp)
+    if spec.packing == "thd":
+        docs = [d for sequence in spec.packed_docs for d in sequence]
+        total = sum(packed_attention_flops(docs, spec.heads, spec.head_dim))
+    else:
+        total = attention_flops(seq=spec.seq, heads=spec.heads, head_dim=spec.head_dim,
+                                mbs=spec.mbs)["total"]
+    return total / (spec.cp * spec.tp)
+
+
+def flops_note(spec) -> str:
+    """How ``flops_per_gpu`` counted this trial (the result's ``verification["flops"]``)."""
+    work = ("sum(d^2) over the packed documents' real lengths"
+            if spec.packing == "thd" else "mbs*seq^2")
+    return (f"causal attention fwd = 4*{work}*heads*head_dim/2, bwd = 2.5*fwd "
+            "(FlashAttention convention), per GPU = total/(cp*tp)")
 
 
 def summarize(times: list[float]) -> dict[str, float]:
