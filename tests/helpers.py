@@ -274,7 +274,8 @@ assert not strays, f"the job imported orchestrator modules: {strays}"
 print("payload ran:", result.status.value, result.error or "")
 """
 
-JOB_SIDE = {"hcp_tune.spec", "hcp_tune.flops", "hcp_tune.noise", "hcp_tune.merge"}  # the contract: standard library only
+JOB_SIDE = {"hcp_tune.spec", "hcp_tune.flops", "hcp_tune.noise", "hcp_tune.merge",
+            "hcp_tune.packing"}  # the contract: standard library only
 
 def run_pickled_payload(tmp_path, fn, *args):
     import os

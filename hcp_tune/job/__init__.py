@@ -3,9 +3,10 @@
 Modules here import only the standard library, torch, megatron.core, transformer_engine
 (lazily, on the TE path), megatron.bridge (lazily, runner=bridge), submitit (lazily, only
 to read a SLURM job's environment), packaging (a Megatron-Core dependency, for TE's
-version), ``hcp_tune.spec``, ``hcp_tune.flops``, ``hcp_tune.noise`` and ``hcp_tune.merge``
-(standard-library only, shared with the orchestrator) and each other. Never hydra, optuna,
-pandas or rich; a test imports every module with those blocked. This file imports nothing.
+version), ``hcp_tune.spec``, ``hcp_tune.flops``, ``hcp_tune.noise``, ``hcp_tune.merge`` and
+``hcp_tune.packing`` (standard-library only, shared with the orchestrator) and each other.
+Never hydra, optuna, pandas or rich; a test imports every module with those blocked. This
+file imports nothing.
 
   dist.py           where rank/world/master come from; GPU binding; world group with a timeout
   groups.py         Megatron-Core's CP/HCP groups: create, read back, compare, destroy
@@ -19,6 +20,6 @@ pandas or rich; a test imports every module with those blocked. This file import
   payload.py        what a SLURM job unpickles and runs (submitit's payload)
   steps.py          executor.batch=steps: a batch as srun job steps (fresh processes each)
   knobs.py          the communication settings recorded, the injected delay (tests)
-  attention/        TE and the torch reference, the numerics proof
+  attention/        TE and the torch reference, the numerics proof; packed sequences (THD)
   bridge/           runner=bridge: config, step recorder, CP proof, HCPGuard, the run
 """

@@ -32,14 +32,15 @@ class Backend:
 
 
 def choose_backend(spec: TrialSpec, cuda_index: Optional[int]) -> Backend:
-    """TE on CUDA (sm80+, TE >= 1.12, bf16/fp16), else the torch reference.
+    """TE on CUDA (sm80+, TE >= 1.12, bf16/fp16), else the torch reference. Packed
+    sequences on TE too old for them (``te.thd_problem``) are refused, not run elsewhere.
 
     ``cuda_index`` is the GPU this rank is already bound to (``dist.bind_device``), None
     without CUDA. Nothing here may touch a device before that binding.
     """
     import torch
 
-    from hcp_tune.job.attention.te import cp_capability_problem, te_unavailable_reason
+    from hcp_tune.job.attention import te
 
     if spec.runner != "attention":
         raise EnvironmentProblem(f"runner {spec.runner!r} is not implemented in this job yet")
@@ -51,15 +52,15 @@ def choose_backend(spec: TrialSpec, cuda_index: Optional[int]) -> Backend:
             "(measure CPU trials with cluster=local)")
     if cuda_index is None:
         if spec.backend == "te":
-            raise EnvironmentProblem(f"backend=te requested, but {te_unavailable_reason()}")
+            raise EnvironmentProblem(f"backend=te requested, but {te.te_unavailable_reason()}")
         return Backend("torch", torch.device("cpu"), _reference_dtype(spec))
     device = torch.device("cuda", cuda_index)
     if spec.backend == "torch":
         return Backend("torch", device, _reference_dtype(spec))
-    problem = cp_capability_problem(cuda_index)
+    problem = te.cp_capability_problem(cuda_index)
     if problem:  # the torch reference would measure something no training run can use
         raise EnvironmentProblem(problem)
-    reason = te_unavailable_reason()
+    reason = te.te_unavailable_reason()
     if reason:
         if spec.backend == "te":
             raise EnvironmentProblem(f"backend=te requested, but {reason}")
@@ -71,6 +72,10 @@ def choose_backend(spec: TrialSpec, cuda_index: Optional[int]) -> Backend:
         return Backend("torch", device, "fp32",
                        "backend=auto with dtype=fp32: TE's CP attention runs bf16/fp16 only; "
                        "the pure-torch reference ran instead")
+    if spec.packing == "thd":  # refused here, before TE runs: see attention/te.py
+        problem = te.thd_problem(te.te_version() or "0", spec.comm_type)
+        if problem:
+            raise EnvironmentProblem(problem)
     return Backend("te", device, spec.dtype)
 
 

@@ -27,12 +27,17 @@ from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 def _build_attention(spec, backend, groups):
     cp_off = spec.inject_fault == "cp_off"
+    packed = spec.packing == "thd"
     if backend == "te":
         from hcp_tune.job.attention.te import TEAttention
 
         return TEAttention(heads=spec.heads // spec.tp, kv_heads=spec.kv_heads // spec.tp,
                            head_dim=spec.head_dim, groups=groups, comm_type=spec.comm_type,
-                           qkv_format=spec.qkv_format, cp_off=cp_off)
+                           qkv_format="thd" if packed else spec.qkv_format, cp_off=cp_off)
+    if packed:
+        from hcp_tune.job.attention.packed import build_packed_ref_attention
+
+        return build_packed_ref_attention(groups, spec.comm_type, spec.cp, cp_off=cp_off)
     from hcp_tune.job.attention.reference import build_ref_attention
 
     return build_ref_attention(groups, spec.comm_type, cp_off=cp_off)
@@ -43,7 +48,12 @@ def _no_cp_reference(spec, backend: str, dtype: str):
     heads, without CP; None for fp32, which is checked against float64."""
     if dtype == "fp32":
         return None  # checked against float64 causal attention instead
+    packed = spec.packing == "thd"
     if backend != "te":
+        if packed:
+            from hcp_tune.job.attention.packed import PackedRefAttention
+
+            return PackedRefAttention  # no groups, parts=1: the whole stream in one process
         from hcp_tune.job.attention.reference import RefHCPAttention
 
         return RefHCPAttention  # no groups: the whole sequence in one process
@@ -52,7 +62,8 @@ def _no_cp_reference(spec, backend: str, dtype: str):
         from hcp_tune.job.attention.te import TEAttention
 
         return TEAttention(heads=spec.heads, kv_heads=spec.kv_heads, head_dim=spec.head_dim,
-                           groups=None, comm_type="none", qkv_format=spec.qkv_format)
+                           groups=None, comm_type="none",
+                           qkv_format="thd" if packed else spec.qkv_format)
     return build
 
 
@@ -69,12 +80,15 @@ def _measure(spec, attn, device, dtype, rank, t0):
     from hcp_tune.job.attention.verify import DTYPES
 
     g = torch.Generator().manual_seed(spec.seed + 1 + rank)
-    s_local = spec.seq // spec.cp
+    stream = _stream(spec)
+    s_local = (spec.seq if stream is None else stream.tokens) // spec.cp
     hq, hk = spec.heads // spec.tp, spec.kv_heads // spec.tp
     fmt = getattr(attn, "qkv_format", "bshd")
+    outer = {"sbhd": (s_local, spec.mbs), "bshd": (spec.mbs, s_local), "thd": (s_local,)}[fmt]
+    if stream is not None and fmt == "bshd":
+        outer = (1, s_local)  # a packed stream is one sequence: its documents are the batch
 
     def rnd(h, grad=True):  # created in the attention's own layout: no transpose is timed
-        outer = (s_local, spec.mbs) if fmt == "sbhd" else (spec.mbs, s_local)
         t = torch.randn(*outer, h, spec.head_dim, generator=g)
         return t.to(device=device, dtype=DTYPES[dtype]).requires_grad_(grad)
 
@@ -89,7 +103,7 @@ def _measure(spec, attn, device, dtype, rank, t0):
         if spec.inject_fault == "hang_rank" and i == kill_at and rank == world - 1:
             threading.Event().wait()  # tests only: a rank that stops answering, forever
         q.grad = k.grad = v.grad = None
-        attn(q, k, v).backward(dout)
+        (attn(q, k, v) if stream is None else attn(q, k, v, stream)).backward(dout)
 
     return bench.time_steps(
         step, warmup=spec.warmup_steps, measure=spec.measure_steps, device=device,
@@ -97,6 +111,26 @@ def _measure(spec, attn, device, dtype, rank, t0):
         on_step=(lambda i, t: record_step(spec, i, t)) if rank == 0 else None,
         stop_requested=lambda: bool(spec.stop_path) and os.path.exists(spec.stop_path),
     )
+
+
+def _stream(spec):
+    """The trial's packed stream (``attention/packed.py``), or None for fixed length."""
+    if spec.packing != "thd":
+        return None
+    from hcp_tune.job.attention.packed import PackedStream
+
+    return PackedStream.of(spec.packed_docs, spec.cp)
+
+
+def _packing_record(spec, attn) -> dict:
+    """What the result records of a packed trial: its stream and the THD arguments (TE's,
+    or for the torch reference what TE would be given: no tensors there)."""
+    from hcp_tune.job.attention.packed import stream_record
+
+    stream = _stream(spec)
+    thd = getattr(attn, "thd", None) or {"pad_between_seqs": stream.pad_between_seqs,
+                                         "cu_seqlens_padded_is_unpadded": None}
+    return {"mix": spec.mix, **stream_record(stream), "thd": thd}
 
 
 def resources() -> dict[str, Any]:
@@ -146,7 +180,8 @@ def _layout_key(spec: TrialSpec) -> tuple:
 def _proof_key(spec: TrialSpec, backend: str, dtype: str) -> tuple:
     """Everything the proof's verdict depends on (not seq: it runs at its own small size)."""
     return (_layout_key(spec), backend, dtype, spec.heads, spec.kv_heads, spec.head_dim,
-            spec.mbs, spec.qkv_format, spec.seed, spec.verify_seq, spec.inject_fault)
+            spec.mbs, spec.qkv_format, spec.seed, spec.verify_seq, spec.inject_fault,
+            spec.packing)  # the packed proof runs its own stream (verify.proof_stream)
 
 
 def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
@@ -258,9 +293,10 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
         res.peak_mem_bytes, res.mem_note = timing.peak_mem_bytes, timing.mem_note
         res.flops_per_gpu_step = bench.flops_per_gpu(spec)
         res.tflops_per_gpu = res.flops_per_gpu_step / res.median_s / 1e12
-        res.verification["flops"] = (
-            "causal attention fwd = 4*mbs*seq^2*heads*head_dim/2, bwd = 2.5*fwd "
-            "(FlashAttention convention), per GPU = total/(cp*tp)")
+        res.verification["flops"] = bench.flops_note(spec)
+        if spec.packing == "thd":
+            res.verification["packing"] = _packing_record(spec, attn)
+            res.fingerprint["thd"] = res.verification["packing"]["thd"]
         too_fast = bench.over_peak(res.tflops_per_gpu, spec.peak_tflops)
         if too_fast:
             res.status, res.error = Status.INVALID, too_fast

@@ -45,7 +45,8 @@ def test_blocker_really_blocks():
 
 
 def test_job_package_lists_only_allowed_imports():
-    allowed = {"__future__", "ast", "atexit", "dataclasses", "datetime", "importlib", "inspect", "json",
+    allowed = {"__future__", "ast", "atexit", "dataclasses", "datetime", "functools", "importlib",
+               "inspect", "json",
                "math", "os", "statistics",
                "platform", "re", "resource", "signal", "socket", "subprocess", "sys", "threading", "time",
                "typing",
@@ -64,9 +65,11 @@ def test_job_package_lists_only_allowed_imports():
                 names = [node.module]
             for n in names:
                 assert n.split(".")[0] in allowed, f"{path.name} imports {n}"
+                assert n != "hcp_tune", f"{path.name}: import hcp_tune modules by full name"
                 if n.startswith("hcp_tune."):
                     assert n in ("hcp_tune.spec", "hcp_tune.flops", "hcp_tune.noise",
-                                 "hcp_tune.merge") or n.startswith("hcp_tune.job"), \
+                                 "hcp_tune.merge", "hcp_tune.packing") \
+                        or n.startswith("hcp_tune.job"), \
                         f"{path.name} imports orchestrator module {n}"
 
 
@@ -93,5 +96,18 @@ def test_job_payload_unpickles_and_runs_without_orchestrator_libraries(tmp_path)
 
     assert batch_payload.__module__.startswith("hcp_tune.job.")
     proc = run_pickled_payload(tmp_path, batch_payload, [payload_spec(1, 1, "one-rank")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "payload ran: ok" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_packed_payload_imports_only_the_contract(tmp_path):
+    """A packed trial (THD) brings hcp_tune.packing onto the job side, nothing else of ours."""
+    import dataclasses
+
+    from hcp_tune.engine.sweep import batch_payload
+
+    spec = dataclasses.replace(payload_spec(1, 1, "one-rank-packed"), packing="thd",
+                               packed_docs=[[20, 3, 7]])
+    proc = run_pickled_payload(tmp_path, batch_payload, [spec])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "payload ran: ok" in proc.stdout, proc.stdout + proc.stderr[-2000:]

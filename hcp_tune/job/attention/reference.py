@@ -22,6 +22,7 @@ group like query heads, so both counts must be divisible by the a2a size.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -125,42 +126,63 @@ def _wait(reqs) -> None:
         r.wait()
 
 
-def _chunks(owner: int, p: int) -> tuple[int, int]:
-    return owner, 2 * p - 1 - owner
+def _valid(length: int, chunk: int, size: int) -> int:
+    """Real tokens of chunk ``chunk`` (``size`` tokens) of a document of ``length`` real
+    tokens: a prefix, as padding sits at the document's end."""
+    return max(0, min(size, length - chunk * size))
 
 
-def _ring_forward(q, k, v, ring: Ring, scale: float):
+@functools.lru_cache(maxsize=4096)
+def _blocks(docs: tuple[int, ...], sizes: tuple[int, ...], me: int, owner: int, p: int
+            ) -> tuple[tuple[int, int, int, int, str], ...]:
+    """The attention blocks of one ring step: my query chunks against ``owner``'s K/V.
+
+    Both hold chunks ``x`` and ``2p-1-x`` of every document (``docs``: real lengths,
+    ``sizes``: chunk size per document), laid out document after document. A query chunk
+    sees an earlier key chunk of its own document fully, its own through the causal
+    triangle, a later one or another document's not at all; padding (each chunk's tail past
+    the document's real tokens) is left out. Each block: (query start, query tokens, key
+    start, key tokens, "full" | "diag"); a block with nothing to attend is not listed.
+    """
+    out = []
+    offset = 0
+    for length, size in zip(docs, sizes):
+        for qi, qc in enumerate((me, 2 * p - 1 - me)):
+            nq = _valid(length, qc, size)
+            for ki, kc in enumerate((owner, 2 * p - 1 - owner)):
+                rel = _relation(qc, kc)
+                nk = _valid(length, kc, size)
+                if rel is not None and nq and nk:
+                    out.append((offset + qi * size, nq, offset + ki * size, nk, rel))
+        offset += 2 * size
+    return tuple(out)
+
+
+def _ring_forward(q, k, v, ring: Ring, scale: float, geometry):
     p, me = ring.size, ring.index
     rep = q.shape[2] // k.shape[2]
-    c = q.shape[1] // 2
-    qs = (q[:, :c], q[:, c:])
-    outs = [torch.zeros_like(x) for x in qs]
-    lses = [torch.full((q.shape[0], q.shape[2], c), float("-inf"), dtype=q.dtype, device=q.device)
-            for _ in qs]
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=q.dtype,
+                     device=q.device)
     kv = torch.stack([k, v])
     for step in range(p):
         owner = (me - step) % p
         if step < p - 1:
             nxt, reqs = _exchange(kv, ring)
         kk, vv = _expand(kv[0], rep), _expand(kv[1], rep)
-        for qi, qc in enumerate(_chunks(me, p)):
-            for ki, kc in enumerate(_chunks(owner, p)):
-                rel = _relation(qc, kc)
-                if rel is None:
-                    continue
-                ks = slice(ki * c, (ki + 1) * c)
-                bout, blse = _block_forward(qs[qi], kk[:, ks], vv[:, ks], scale, rel)
-                outs[qi], lses[qi] = _merge(outs[qi], lses[qi], bout, blse)
+        for qs, nq, ks, nk, rel in _blocks(*geometry, me, owner, p):
+            qsl, ksl = slice(qs, qs + nq), slice(ks, ks + nk)
+            bout, blse = _block_forward(q[:, qsl], kk[:, ksl], vv[:, ksl], scale, rel)
+            out[:, qsl], lse[:, :, qsl] = _merge(out[:, qsl], lse[:, :, qsl], bout, blse)
         if step < p - 1:
             _wait(reqs)
             kv = nxt
-    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+    return out, lse
 
 
-def _ring_backward(q, k, v, out, lse, dout, ring: Ring, scale: float):
+def _ring_backward(q, k, v, out, lse, dout, ring: Ring, scale: float, geometry):
     p, me = ring.size, ring.index
     rep = q.shape[2] // k.shape[2]
-    c = q.shape[1] // 2
     delta = (dout * out).sum(-1).transpose(1, 2)  # [b, h, q]
     dq = torch.zeros_like(q)
     kv = torch.stack([k, v])
@@ -171,20 +193,15 @@ def _ring_backward(q, k, v, out, lse, dout, ring: Ring, scale: float):
             nxt, reqs = _exchange(kv, ring)
         kk, vv = _expand(kv[0], rep), _expand(kv[1], rep)
         dkk, dvv = torch.zeros_like(kk), torch.zeros_like(vv)
-        for qi, qc in enumerate(_chunks(me, p)):
-            qsl = slice(qi * c, (qi + 1) * c)
-            for ki, kc in enumerate(_chunks(owner, p)):
-                rel = _relation(qc, kc)
-                if rel is None:
-                    continue
-                ks = slice(ki * c, (ki + 1) * c)
-                bdq, bdk, bdv = _block_backward(
-                    q[:, qsl], kk[:, ks], vv[:, ks], dout[:, qsl],
-                    lse[:, :, qsl], delta[:, :, qsl], scale, rel,
-                )
-                dq[:, qsl] += bdq
-                dkk[:, ks] += bdk
-                dvv[:, ks] += bdv
+        for qs, nq, ks, nk, rel in _blocks(*geometry, me, owner, p):
+            qsl, ksl = slice(qs, qs + nq), slice(ks, ks + nk)
+            bdq, bdk, bdv = _block_backward(
+                q[:, qsl], kk[:, ksl], vv[:, ksl], dout[:, qsl],
+                lse[:, :, qsl], delta[:, :, qsl], scale, rel,
+            )
+            dq[:, qsl] += bdq
+            dkk[:, ksl] += bdk
+            dvv[:, ksl] += bdv
         dkv = dkv + torch.stack([_reduce(dkk, rep), _reduce(dvv, rep)])
         if step < p - 1:
             _wait(reqs)
@@ -197,68 +214,79 @@ def _ring_backward(q, k, v, out, lse, dout, ring: Ring, scale: float):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring: Ring, scale: float):
-        out, lse = _ring_forward(q, k, v, ring, scale)
+    def forward(ctx, q, k, v, ring: Ring, scale: float, geometry):
+        out, lse = _ring_forward(q, k, v, ring, scale, geometry)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.scale = ring, scale
+        ctx.ring, ctx.scale, ctx.geometry = ring, scale, geometry
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(q, k, v, out, lse, dout.contiguous(), ctx.ring, ctx.scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = _ring_backward(q, k, v, out, lse, dout.contiguous(), ctx.ring, ctx.scale,
+                                    ctx.geometry)
+        return dq, dk, dv, None, None, None
 
 
 # ---------------------------------------------------------------- all-to-all
 
 
-def _seq_to_head(x: torch.Tensor, group, a: int) -> torch.Tensor:
-    """[b, S, h, d] -> [b, a*S, h/a, d]: gather the a2a group's sequences, keep my heads."""
+def _seq_to_head(x: torch.Tensor, group, a: int, order=None) -> torch.Tensor:
+    """[b, S, h, d] -> [b, a*S, h/a, d]: gather the a2a group's sequences, keep my heads.
+
+    ``order`` (packed sequences): (gather, inverse) index tensors that put the members'
+    tokens, read as member after member, into the ring's per-document placement; None: one
+    document a sequence, placed by views."""
     b, s, h, d = x.shape
     send = x.reshape(b, s, a, h // a, d).permute(2, 0, 1, 3, 4).contiguous()
     recv = torch.empty_like(send)
     comm_delay("a2a")  # HCP_TUNE_INJECT_DELAY=a2a:S (a testing aid, off by default)
     dist.all_to_all_single(recv, send, group=group)  # recv[m]: member m's tokens
+    if order is not None:
+        return recv.transpose(0, 1).reshape(b, a * s, h // a, d).index_select(1, order[0])
     half = s // 2
     first = [recv[m, :, :half] for m in range(a)]  # chunks ka .. ka+a-1
     second = [recv[m, :, half:] for m in reversed(range(a))]  # their mirrors, ascending
     return torch.cat(first + second, dim=1)
 
 
-def _head_to_seq(y: torch.Tensor, group, a: int) -> torch.Tensor:
+def _head_to_seq(y: torch.Tensor, group, a: int, order=None) -> torch.Tensor:
     """The inverse of ``_seq_to_head``: [b, a*S, h/a, d] -> [b, S, h, d]."""
     b, s2, hh, d = y.shape
-    half = s2 // (2 * a)
-    first = y[:, : s2 // 2].reshape(b, a, half, hh, d)
-    second = y[:, s2 // 2 :].reshape(b, a, half, hh, d).flip(1)
-    send = torch.cat([first, second], dim=2).transpose(0, 1).contiguous()  # [a, b, S, hh, d]
+    if order is not None:
+        send = y.index_select(1, order[1]).reshape(b, a, s2 // a, hh, d).transpose(0, 1)
+        send = send.contiguous()  # [a, b, S, hh, d]
+    else:
+        half = s2 // (2 * a)
+        first = y[:, : s2 // 2].reshape(b, a, half, hh, d)
+        second = y[:, s2 // 2 :].reshape(b, a, half, hh, d).flip(1)
+        send = torch.cat([first, second], dim=2).transpose(0, 1).contiguous()  # [a, b, S, hh, d]
     recv = torch.empty_like(send)
     comm_delay("a2a")
     dist.all_to_all_single(recv, send, group=group)  # recv[m]: my tokens, member m's heads
-    return recv.permute(1, 2, 0, 3, 4).reshape(b, 2 * half, a * hh, d)
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, s2 // a, a * hh, d)
 
 
 class _SeqToHead(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, a):
-        ctx.group, ctx.a = group, a
-        return _seq_to_head(x, group, a)
+    def forward(ctx, x, group, a, order=None):
+        ctx.group, ctx.a, ctx.order = group, a, order
+        return _seq_to_head(x, group, a, order)
 
     @staticmethod
     def backward(ctx, g):  # a permutation: its adjoint is its inverse
-        return _head_to_seq(g.contiguous(), ctx.group, ctx.a), None, None
+        return _head_to_seq(g.contiguous(), ctx.group, ctx.a, ctx.order), None, None, None
 
 
 class _HeadToSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, y, group, a):
-        ctx.group, ctx.a = group, a
-        return _head_to_seq(y, group, a)
+    def forward(ctx, y, group, a, order=None):
+        ctx.group, ctx.a, ctx.order = group, a, order
+        return _head_to_seq(y, group, a, order)
 
     @staticmethod
     def backward(ctx, g):
-        return _seq_to_head(g.contiguous(), ctx.group, ctx.a), None, None
+        return _seq_to_head(g.contiguous(), ctx.group, ctx.a, ctx.order), None, None, None
 
 
 # ---------------------------------------------------------------- the layer
@@ -277,36 +305,47 @@ class RefHCPAttention:
         self.a2a = dist.get_world_size(a2a_group) if a2a_group is not None else 1
         self.ring = ring or Ring.trivial()
 
-    def __call__(self, q, k, v):
-        if q.shape[1] % 2:
-            raise ValueError(f"per-rank sequence {q.shape[1]} must be even (two chunks)")
+    def _check(self, q, k) -> float:
+        """The scale 1/sqrt(head_dim), once the heads split over the a2a group."""
         if q.shape[2] % self.a2a or k.shape[2] % self.a2a:
             raise ValueError(
                 f"a2a size {self.a2a} must divide query heads ({q.shape[2]}) and "
                 f"KV heads ({k.shape[2]}) per rank"
             )
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        return 1.0 / math.sqrt(q.shape[-1])
+
+    def _attend(self, q, k, v, geometry, order=None):
+        scale = self._check(q, k)
         if self.a2a > 1:
-            q, k, v = (_SeqToHead.apply(t, self.a2a_group, self.a2a) for t in (q, k, v))
-        out = _RingAttention.apply(q, k, v, self.ring, scale)
+            q, k, v = (_SeqToHead.apply(t, self.a2a_group, self.a2a, order) for t in (q, k, v))
+        out = _RingAttention.apply(q, k, v, self.ring, scale, geometry)
         if self.a2a > 1:
-            out = _HeadToSeq.apply(out, self.a2a_group, self.a2a)
+            out = _HeadToSeq.apply(out, self.a2a_group, self.a2a, order)
         return out
 
+    def __call__(self, q, k, v):
+        if q.shape[1] % 2:
+            raise ValueError(f"per-rank sequence {q.shape[1]} must be even (two chunks)")
+        # one document a sequence: after the all-to-all, chunks of a*S/2 tokens, all real
+        chunk = self.a2a * q.shape[1] // 2
+        return self._attend(q, k, v, ((2 * self.ring.size * chunk,), (chunk,)))
 
-def build_ref_attention(groups, comm_type: str, *, cp_off: bool = False) -> RefHCPAttention:
-    """The reference layer for one layout; ``cp_off`` plants the silent failure."""
+
+def build_ref_attention(groups, comm_type: str, *, cp_off: bool = False,
+                        layer=RefHCPAttention) -> RefHCPAttention:
+    """The reference layer for one layout; ``cp_off`` plants the silent failure. ``layer``:
+    the class (or factory) built with the layout's groups (``packed`` passes its own)."""
     if cp_off or comm_type == "none":
-        return RefHCPAttention()
+        return layer()
     if comm_type == "p2p":
-        return RefHCPAttention(ring=Ring.of(groups.cp))
+        return layer(ring=Ring.of(groups.cp))
     if comm_type == "a2a":
-        return RefHCPAttention(a2a_group=groups.cp)
+        return layer(a2a_group=groups.cp)
     if comm_type == "a2a+p2p":
         if not groups.hierarchical:
             raise RuntimeError(
                 "a2a+p2p needs the HCP groups, but Megatron-Core has none "
                 "(hierarchical_context_parallel_sizes not given)"
             )
-        return RefHCPAttention(a2a_group=groups.a2a, ring=Ring.of(groups.p2p))
+        return layer(a2a_group=groups.a2a, ring=Ring.of(groups.p2p))
     raise ValueError(f"unknown comm type {comm_type!r}: expected none, p2p, a2a or a2a+p2p")

@@ -10,6 +10,21 @@ CP group's global ranks. TE is imported here only, and only when this path is ch
 The timed layout defaults to ``sbhd``, the format Megatron-Core's TEDotProductAttention
 hands TE in training (``TrialSpec.qkv_format``); ``bshd`` is the other choice.
 
+Packed sequences (``TrialSpec.packing == "thd"``) run ``qkv_format="thd"`` with
+``attn_mask_type="padding_causal"``, q/k/v of [t, h, d] (this rank's per-document share,
+``attention/packed.py``), and per forward (TE 2.19 ``DotProductAttention.forward``):
+``cu_seqlens_q/kv`` (int32, the whole stream's real document offsets; TE splits them per
+rank itself), ``cu_seqlens_q/kv_padded`` (offsets of the documents padded to ``2*cp``),
+``max_seqlen_q/kv`` (the longest padded document) and ``pad_between_seqs`` **always
+explicit** (``thd_forward_kwargs``): TE <= 2.17.1 guesses it from the tensors' values and
+gets a tail-padded last document wrong (TE #3331: silently wrong attention under p2p), and
+TE >= 2.18 guesses from object identity (``cu_seqlens_q_padded is cu_seqlens_q``; TE
+#2898). Where no document is padded the padded tensors are the unpadded ones (the same
+objects, as TE's docstring asks), else distinct: equal but distinct tensors take TE's
+slower exact path (TE #3487). ``thd_record`` says which ran. Refused before TE runs
+(``thd_problem``): TE older than 2.3 (its forward has no ``pad_between_seqs``), and
+a2a+p2p on TE older than 2.19 (TE #3290 enabled it; 2.18 asserts it unsupported).
+
 Which kernel TE picked (FlashAttention, FusedAttention sub-backend N, ...) is only told in
 its debug log: with ``NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2`` (read when TE is imported) the
 logger ``"DotProductAttention"`` (TE 1.12 .. 2.20, ``get_attention_backend``) emits
@@ -26,7 +41,11 @@ from hcp_tune.spec import TE_MIN_HCP
 
 MIN_TE = ".".join(map(str, TE_MIN_HCP))  # "1.12.0": the first TE with the a2a+p2p path
 MIN_CAPABILITY = (8, 0)  # TE has no CP-capable attention backend below sm80
-QKV_FORMATS = ("sbhd", "bshd")
+QKV_FORMATS = ("sbhd", "bshd", "thd")  # thd: packed sequences only
+MIN_TE_THD = "2.3.0"  # the first DotProductAttention.forward with pad_between_seqs
+# THD with a2a+p2p (TE #3290, release_v2.19); the rules' copy is upstream/te_packed.py
+# TE_THD_HCP (a test keeps the two equal: the job side cannot import the orchestrator's)
+MIN_TE_THD_HCP = "2.19.0"
 TE_LOGGER = "DotProductAttention"
 _SELECTED = re.compile(r"Selected backend = (.+?)\.?\s*$")
 
@@ -42,6 +61,45 @@ def te_min_version_ok(text: str, minimum: str = MIN_TE) -> bool:
         return Version(text) >= Version(minimum)
     except InvalidVersion:
         return False
+
+
+def thd_problem(version: str, comm_type: str) -> Optional[str]:
+    """Why TE ``version`` cannot run packed sequences (THD) with ``comm_type``, or None."""
+    if not te_min_version_ok(version, MIN_TE_THD):
+        return (f"transformer_engine {version} is older than {MIN_TE_THD}: packed sequences "
+                "(THD) need pad_between_seqs passed explicitly (TE #3331), which "
+                "DotProductAttention.forward takes from 2.3; use TE >= 2.19")
+    if comm_type == "a2a+p2p" and not te_min_version_ok(version, MIN_TE_THD_HCP):
+        return (f"transformer_engine {version} is older than {MIN_TE_THD_HCP}: packed sequences "
+                f"(THD) with a2a+p2p need TE >= {MIN_TE_THD_HCP} (TE #3290; 2.18 and earlier "
+                "assert it unsupported); use TE >= 2.19, or measure the p2p and a2a layouts")
+    return None
+
+
+def thd_forward_kwargs(stream, device) -> dict:
+    """``DotProductAttention.forward``'s THD arguments for a packed stream
+    (``attention.packed.PackedStream``): the whole stream's offsets, as every CP rank
+    passes them; the padded tensors are the unpadded objects exactly when nothing is
+    padded, and ``pad_between_seqs`` says so explicitly."""
+    import torch
+
+    pad = stream.pad_between_seqs
+    cu = torch.tensor(stream.cu_seqlens(padded=False), dtype=torch.int32, device=device)
+    cu_padded = (torch.tensor(stream.cu_seqlens(padded=True), dtype=torch.int32,
+                              device=device) if pad else cu)
+    longest = max(stream.padded)
+    return {"cu_seqlens_q": cu, "cu_seqlens_kv": cu, "cu_seqlens_q_padded": cu_padded,
+            "cu_seqlens_kv_padded": cu_padded, "max_seqlen_q": longest,
+            "max_seqlen_kv": longest, "pad_between_seqs": pad}
+
+
+def thd_record(kwargs: dict) -> dict:
+    """What a result records of the THD arguments TE was given."""
+    return {"pad_between_seqs": kwargs["pad_between_seqs"],
+            "cu_seqlens_padded_is_unpadded": (kwargs["cu_seqlens_q_padded"]
+                                              is kwargs["cu_seqlens_q"]
+                                              and kwargs["cu_seqlens_kv_padded"]
+                                              is kwargs["cu_seqlens_kv"])}
 
 
 def enable_te_debug_log() -> None:
@@ -177,12 +235,16 @@ def build_with_log(log: "BackendLog", factory):
 
 
 class TEAttention:
-    """Callable on q, k, v in ``qkv_format`` ([s, b, h, d] or [b, s, h, d]), same out."""
+    """Callable on q, k, v in ``qkv_format`` ([s, b, h, d], [b, s, h, d], or [t, h, d] with
+    the packed stream they come from), same out."""
 
     def __init__(self, *, heads: int, kv_heads: int, head_dim: int, groups, comm_type: str,
                  qkv_format: str = "sbhd", cp_off: bool = False):
         if qkv_format not in QKV_FORMATS:
             raise ValueError(f"qkv_format={qkv_format!r}: expected one of {QKV_FORMATS}")
+        if qkv_format == "thd" and cp_off:
+            raise ValueError("the planted cp_off fault runs on the torch reference only: TE's "
+                             "THD path would read the whole stream's offsets on one share")
         enable_te_debug_log()
         import torch
         import transformer_engine.pytorch as te
@@ -212,18 +274,27 @@ class TEAttention:
             num_gqa_groups=kv_heads,
             attention_dropout=0.0,
             qkv_format=qkv_format,
-            attn_mask_type="causal",
+            # THD asserts a padding mask type; causal within each document
+            attn_mask_type="padding_causal" if qkv_format == "thd" else "causal",
             **kwargs,
         ))
         self._cache = te_selection_cache()
         self._fresh = False  # this instance's first forward has made TE select anew
+        self._thd: tuple = (None, {})  # (stream, its forward arguments): built once a stream
+        self.thd: dict = {}  # thd_record of the latest packed forward
 
     @property
     def selected_backend(self) -> str:
         """The kernel TE chose for the latest shapes: its log line, else its cache."""
         return self.log.last or backend_from_cache(self._cache)
 
-    def __call__(self, q, k, v):
+    def __call__(self, q, k, v, stream=None):
+        extra = {}
+        if self.qkv_format == "thd":
+            if self._thd[0] != stream:  # the tensors are made once per stream, not per step
+                self._thd = (stream, thd_forward_kwargs(stream, q.device))
+            extra = self._thd[1]
+            self.thd = thd_record(extra)
         if not self._fresh:  # once per trial's layer: TE logs its choice again
             force_fresh_selection(self._cache)
             self._fresh = True
@@ -232,7 +303,7 @@ class TEAttention:
         # handlers must not pile up over trials (a few microseconds per step)
         self.log.attach()
         try:
-            out = self.layer(q, k, v)  # [s, b, h*d] (sbhd) or [b, s, h*d] (bshd)
+            out = self.layer(q, k, v, **extra)  # [s, b, h*d], [b, s, h*d] or [t, h*d]
         finally:
             self.log.detach()
-        return out.view(q.shape[0], q.shape[1], self.heads, self.head_dim)
+        return out.view(*q.shape[:-2], self.heads, self.head_dim)

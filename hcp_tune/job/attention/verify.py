@@ -16,6 +16,14 @@ compares them with a single-process run over the whole sequence. Two references:
 
 If CP communication is skipped, each rank attends only to its own chunks and the error is
 O(1): it cannot pass. Rank 0's verdict is broadcast to every rank.
+
+Packed sequences (``spec.packing == "thd"``): the input is a packed stream of documents
+(``proof_stream``: one long document, a tail-padded one, one shorter than ``2*cp`` that
+leaves some ranks nothing but padding, an exact multiple of ``2*cp``, a one-token one),
+each rank gets its per-document share (``packed.packed_share``: chunks r and 2cp-1-r of
+every document), and the reference is causal attention **per document** on the gathered
+stream: in float64 one document at a time, or the same packed attention without CP in the
+same dtype. Only real tokens are compared: what a kernel leaves in padding is no output.
 """
 from __future__ import annotations
 
@@ -70,30 +78,61 @@ def full_causal_attention(q, k, v):
     return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
 
 
-def make_inputs(spec, seq: int, seed: int) -> dict[str, torch.Tensor]:
-    """Global q, k, v, dout (fp32, CPU), identical on every rank (same seed)."""
+def proof_stream(spec, same_dtype: bool = False):
+    """The packed proof's documents for ``spec.cp`` (``u = 2*cp``, ``n`` tokens a chunk as
+    the fixed-length proof): every case a per-document partition meets, about ``u*n``
+    tokens in all."""
+    from hcp_tune.job.attention.packed import PackedStream
+
+    u = 2 * spec.cp
+    n = verify_seq_for(spec, same_dtype) // u
+    docs = (u * n // 2 + 1,  # long, every rank's chunks, tail-padded
+            max(1, u - 1),  # shorter than 2*cp: some ranks hold only padding
+            u * max(1, n // 4),  # an exact multiple: no padding
+            1,  # one token
+            u * max(1, n // 4) + u // 2 + 1)  # padded, ends in mid chunk
+    return PackedStream(docs, spec.cp)
+
+
+def make_inputs(spec, seq: int, seed: int, batch: Optional[int] = None
+                ) -> dict[str, torch.Tensor]:
+    """Global q, k, v, dout (fp32, CPU), identical on every rank (same seed); ``batch``
+    sequences (default ``spec.mbs``; a packed stream is one)."""
     g = torch.Generator().manual_seed(seed)
-    shape_q = (spec.mbs, seq, spec.heads, spec.head_dim)
-    shape_kv = (spec.mbs, seq, spec.kv_heads, spec.head_dim)
+    b = spec.mbs if batch is None else batch
+    shape_q = (b, seq, spec.heads, spec.head_dim)
+    shape_kv = (b, seq, spec.kv_heads, spec.head_dim)
     # clamped as in TE's CP test: no outliers for the low-precision comparison to trip on
     return {n: torch.randn(shape, generator=g).clamp(-1, 1)
             for n, shape in (("q", shape_q), ("k", shape_kv), ("v", shape_kv), ("dout", shape_q))}
 
 
 def to_format(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """bshd -> ``fmt`` (sbhd or bshd), contiguous as a kernel wants it."""
+    """bshd -> ``fmt`` (sbhd, bshd, or thd for a packed stream: b = 1), contiguous as a
+    kernel wants it."""
+    if fmt == "thd":
+        return x[0]
     return x.transpose(0, 1).contiguous() if fmt == "sbhd" else x
 
 
 def from_format(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """``fmt`` -> bshd (a view: only read back)."""
+    if fmt == "thd":
+        return x.unsqueeze(0)
     return x.transpose(0, 1) if fmt == "sbhd" else x
 
 
-def local_share(x: torch.Tensor, spec, *, tp_rank: int, cp_pos: int) -> torch.Tensor:
-    """This rank's slice: its TP heads (dim 2) and its load-balanced chunks (dim 1)."""
+def local_share(x: torch.Tensor, spec, *, tp_rank: int, cp_pos: int,
+                stream=None) -> torch.Tensor:
+    """This rank's slice: its TP heads (dim 2) and its CP share (dim 1): load-balanced
+    chunks, or with a packed ``stream`` its chunks of every document."""
     per = x.shape[2] // spec.tp
-    return load_balanced(x[:, :, tp_rank * per : (tp_rank + 1) * per], spec.cp, cp_pos)
+    x = x[:, :, tp_rank * per : (tp_rank + 1) * per]
+    if stream is not None:
+        from hcp_tune.job.attention import packed
+
+        return packed.packed_share(x, stream, cp_pos)
+    return load_balanced(x, spec.cp, cp_pos)
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -107,34 +146,44 @@ def excess_err(got: torch.Tensor, ref: torch.Tensor, rtol: float) -> float:
     return ((got - ref).abs() - rtol * ref.abs()).max().item()
 
 
-def _run(attn: Callable, ins: dict[str, torch.Tensor], fmt: str, device, tdt
+def _run(attn: Callable, ins: dict[str, torch.Tensor], fmt: str, device, tdt, stream=None
          ) -> dict[str, torch.Tensor]:
-    """Forward + backward of ``attn`` on bshd inputs; out/dq/dk/dv back in bshd on the CPU."""
+    """Forward + backward of ``attn`` on bshd inputs; out/dq/dk/dv back in bshd on the CPU.
+    A packed layer is called with the ``stream`` its tokens come from."""
     x = {n: to_format(t, fmt).to(device=device, dtype=tdt) for n, t in ins.items()}
     q, k, v = (x[n].clone().requires_grad_() for n in ("q", "k", "v"))
-    out = attn(q, k, v)
+    out = attn(q, k, v) if stream is None else attn(q, k, v, stream)
     out.backward(x["dout"])
     got = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
     return {n: from_format(t, fmt).float().cpu() for n, t in got.items()}
 
 
 def verify_cp(spec, attn: Callable, *, tp_rank: int, cp_pos: int, device, dtype: str,
-              reference: Optional[Callable[[], Callable]] = None) -> dict[str, Any]:
+              reference: Optional[Callable[[], Callable]] = None, stream=None
+              ) -> dict[str, Any]:
     """Collective over the world group. Returns rank 0's evidence on every rank.
 
     ``reference`` builds the same attention without CP (called on rank 0 only); given, the
     CP run is compared with it in the same dtype, else with float64 causal attention.
+    Packed (``spec.packing == "thd"``): on ``stream`` (default ``proof_stream``).
     """
     same_dtype = reference is not None
-    seq = verify_seq_for(spec, same_dtype)
-    glob = make_inputs(spec, seq, spec.seed)
+    if spec.packing == "thd":
+        stream = stream or proof_stream(spec, same_dtype)
+        seq = stream.tokens
+        glob = make_inputs(spec, seq, spec.seed, batch=1)
+    else:
+        stream = None
+        seq = verify_seq_for(spec, same_dtype)
+        glob = make_inputs(spec, seq, spec.seed)
     fmt = getattr(attn, "qkv_format", "bshd")
-    mine = {n: local_share(t, spec, tp_rank=tp_rank, cp_pos=cp_pos) for n, t in glob.items()}
+    mine = {n: local_share(t, spec, tp_rank=tp_rank, cp_pos=cp_pos, stream=stream)
+            for n, t in glob.items()}
     # the data-parallel replica (Megatron's order tp-cp-ep-dp-pp: rank = tp + tp*(cp + cp*d));
     # every replica runs the proof at once, on the same inputs, and each is compared
     replica = dist.get_rank() // (spec.tp * spec.cp)
     local = {"tp": tp_rank, "cp": cp_pos, "dp": replica,
-             **_run(attn, mine, fmt, device, DTYPES[dtype])}
+             **_run(attn, mine, fmt, device, DTYPES[dtype], stream)}
     gathered: list = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(local, gathered, dst=0)
     verdict = [None]
@@ -142,10 +191,16 @@ def verify_cp(spec, attn: Callable, *, tp_rank: int, cp_pos: int, device, dtype:
         if same_dtype:
             ref_attn = reference()
             refs = _run(ref_attn, glob, getattr(ref_attn, "qkv_format", "bshd"), device,
-                        DTYPES[dtype])
+                        DTYPES[dtype], stream)
+            if stream is not None:
+                refs = {n: t[:, stream.valid] for n, t in refs.items()}
+        elif stream is not None:
+            refs = _packed_float64_reference(glob, stream)
         else:
             refs = _float64_reference(glob)
-        verdict[0] = _compare(spec, refs, gathered, seq, dtype, same_dtype)
+        verdict[0] = _compare(spec, refs, gathered, seq, dtype, same_dtype, stream)
+        if stream is not None:
+            verdict[0]["docs"] = list(stream.docs)
     dist.broadcast_object_list(verdict, src=0)
     return verdict[0]
 
@@ -158,7 +213,31 @@ def _float64_reference(glob: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
             "dv": ref_in["v"].grad}
 
 
-def _compare(spec, refs, gathered, seq, dtype, same_dtype: bool) -> dict[str, Any]:
+def _packed_float64_reference(glob: dict[str, torch.Tensor], stream
+                              ) -> dict[str, torch.Tensor]:
+    """Causal attention within each document of the padded stream, on its real tokens
+    only, in float64: the results of all documents, real tokens in stream order."""
+    per_doc = []
+    for start, length in zip(stream.cu_seqlens(padded=True), stream.docs):
+        per_doc.append(_float64_reference(
+            {n: t[:, start : start + length] for n, t in glob.items()}))
+    return {n: torch.cat([r[n] for r in per_doc], dim=1) for n in per_doc[0]}
+
+
+def _unshare(pieces: list[torch.Tensor], spec, stream) -> torch.Tensor:
+    """CP pieces (position order) back into one sequence or packed stream."""
+    if stream is None:
+        return undo_load_balance(pieces, spec.cp)
+    from hcp_tune.job.attention import packed
+
+    return packed.packed_unshare(pieces, stream)
+
+
+def _compare(spec, refs, gathered, seq, dtype, same_dtype: bool, stream=None
+             ) -> dict[str, Any]:
+    """Every replica's and TP rank's CP pieces back in stream order, against ``refs``; with
+    a packed ``stream`` the pieces are documents' chunks and only real tokens count (the
+    references hold those only)."""
     tol = tolerance(dtype, spec.kv_heads != spec.heads)
     errors = {}
     replicas = sorted({g.get("dp", 0) for g in gathered})
@@ -172,8 +251,10 @@ def _compare(spec, refs, gathered, seq, dtype, same_dtype: bool) -> dict[str, An
                 if [g["cp"] for g in pieces] != list(range(spec.cp)):
                     raise RuntimeError(f"verification: replica {d} TP rank {t} lacks CP "
                                        f"positions: {[g['cp'] for g in pieces]}")
-                per_tp.append(undo_load_balance([g[name] for g in pieces], spec.cp))
+                per_tp.append(_unshare([g[name] for g in pieces], spec, stream))
             got = torch.cat(per_tp, dim=2)
+            if stream is not None:
+                got = got[:, stream.valid]
             err = excess_err(got, ref, tol) if same_dtype else rel_err(got, ref)
             worst = max(worst, float(err))
         errors[name] = worst
@@ -186,7 +267,8 @@ def _compare(spec, refs, gathered, seq, dtype, same_dtype: bool) -> dict[str, An
         "passed": passed,
         "seq": seq,
         "metric": metric,
-        "reference": f"no-CP {dtype}" if same_dtype else "float64",
+        "reference": (f"no-CP {dtype}" if same_dtype else "float64")
+        + (" per document" if stream is not None else ""),
         "tolerance": tol,
         "dtype": dtype,
         "errors": errors,
