@@ -281,7 +281,9 @@ def bridge_fields(spec) -> dict[str, Any]:
 
     Scratch mode (no ``spec.bridge_recipe``): model, optimizer, data, run and layout
     fields. Recipe mode: ``"recipe"`` names the function, ``"dataset"`` is replaced by the
-    mock dataset, then the run and layout fields are set on the recipe's container. The
+    mock dataset, then the run and layout fields are set on the recipe's container. Packed
+    sequences (``spec.packing == "thd"``): ``"dataset"`` is the provider of the trial's
+    packed documents (``packed_data``) in either mode. The
     user's overrides come last; one that names a path already set replaces it and moves to
     the end, so what is applied last is what the user wrote.
     """
@@ -295,12 +297,33 @@ def bridge_fields(spec) -> dict[str, Any]:
     else:
         fields.update(model_fields(spec))
         fields.update(dataset_fields(spec))
+    if getattr(spec, "packing", "off") == "thd":  # packed documents instead of the mock data
+        fields = {k: v for k, v in fields.items() if not k.startswith("dataset")}
+        fields["dataset"] = packed_dataset(spec)
     fields.update(run_fields(spec))
     fields.update(layout_fields(spec))
     for key, value in parse_overrides(list(spec.bridge_overrides)):
         fields.pop(key, None)
         fields[key] = value
     return fields
+
+
+def packed_dataset(spec) -> Construct:
+    """``dataset`` of a packed trial: the provider of its documents (``packed_data``), with
+    Bridge's ``PackedSequenceSpecs`` built in the job."""
+    from hcp_tune.job.bridge.packed_data import (
+        PACKED_SPECS,
+        PROVIDER,
+        PackedDataError,
+        provider_kwargs,
+    )
+
+    try:
+        kwargs = provider_kwargs(spec)
+    except PackedDataError as e:
+        raise BridgeConfigError(str(e)) from None
+    kwargs["offline_packing_specs"] = Construct(PACKED_SPECS, kwargs["offline_packing_specs"])
+    return Construct(PROVIDER, kwargs)
 
 
 # ---------------------------------------------------------------- in the job
@@ -374,7 +397,8 @@ def build_container(fields: dict[str, Any], spec: Any = None) -> Any:
             sections.setdefault(head, {})[rest] = _materialize(value)
         elif not rest:
             top[head] = _materialize(value)
-    built = {name: resolve(cls)(**sections.get(name, {})) for name, cls in SECTIONS.items()}
+    built = {name: resolve(cls)(**sections.get(name, {})) for name, cls in SECTIONS.items()
+             if name not in top}  # a whole section given (the packed dataset) is not built
     return apply_fields(container_cls(**built, **top), {
         k: v for k, v in fields.items() if "." in k})
 

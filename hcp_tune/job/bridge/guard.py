@@ -114,6 +114,9 @@ class HCPGuard:
         self.gather = gather
         self.rank = rank
         self.report: dict[str, Any] = {}
+        # what train start checked, for the packed check after the first step (thd.ThdGuard)
+        self.checked_layout: Optional[tuple[str, int, int]] = None
+        self.evidence: list[RankEvidence] = []
 
     def on_train_start(self, context: Any) -> None:
         cfg = getattr(getattr(context, "state", None), "cfg", None)
@@ -130,6 +133,7 @@ class HCPGuard:
                     for e in self.gather(mine.as_dict())]
         problems = check_cp_active(everyone, a2a=a2a, p2p=p2p, comm_type=comm,
                                    expected=self.expected_groups)
+        self.checked_layout, self.evidence = (comm, a2a, p2p), everyone
         self.report = {"checked": True, "comm_type": comm, "sizes": [a2a, p2p],
                        "problems": problems, "found": [describe(e) for e in everyone]}
         if me == 0:

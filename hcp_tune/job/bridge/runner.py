@@ -17,7 +17,10 @@ callbacks (Bridge < 0.4) it trains without them and parses Bridge's log lines in
 says that CP could not be proven. Before the binding, before anything starts CUDA, the
 environment the recipes run with and ``CUDA_DEVICE_MAX_CONNECTIONS`` are exported
 (``prestart``); at train start the rank placement is checked (``placement``); memory is
-sampled at every step (``devmem``).
+sampled at every step (``devmem``). A packed trial (``spec.packing == "thd"``) trains on
+its own documents (``packed_data``: Bridge's ``DatasetProvider`` protocol, cu_seqlens as
+Bridge's packer builds them) and must also prove, in the first step's forwards, that every
+attention module got THD params with the planned CP groups (``thd``), or it is invalid.
 
 One trial per process: ``pretrain`` sets up Megatron's global state (process groups when
 it created them, the micro-batch calculator, global timers, ``parallel_state``) for one
@@ -227,6 +230,21 @@ def run_bridge_trial(spec: TrialSpec, *, env=None, stack: Optional[BridgeStack] 
         res.wall_s = time.monotonic() - t0
 
 
+def _thd_guard(spec: TrialSpec, stack: BridgeStack, guard):
+    """Packed trials: the probe of the first forwards and its check (``thd``); else None."""
+    if spec.packing != "thd":
+        return None
+    from hcp_tune.job.bridge.thd import ThdGuard, ThdProbe
+    from hcp_tune.job.bridge.verify import _te_attention_class
+
+    is_attention = stack.is_attention
+    if is_attention is None:
+        te_cls = _te_attention_class()
+        is_attention = (lambda m: isinstance(m, te_cls)) if te_cls else (lambda m: False)
+    return ThdGuard(guard, ThdProbe(is_attention=is_attention),
+                    log=lambda line: print(line, flush=True))
+
+
 def _bind(env, *, needs_cuda: bool):
     """This rank's device: its GPU bound before any CUDA object (and before Bridge, which
     imports TE, is imported); the CPU for a double."""
@@ -303,6 +321,7 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
     guard = HCPGuard(expected_groups=spec.expected_groups,
                      layout=(spec.comm_type, spec.a2a, spec.p2p),
                      log=lambda line: print(line, flush=True), collect_fn=collect_fn)
+    thd = _thd_guard(spec, stack, guard)  # packed: THD and CP proven in the first forwards
     cuda = device.type == "cuda"
     sampler = MemorySampler(env.rank, device)
     recorder = StepRecorder(
@@ -317,13 +336,18 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
     try:
         if with_callbacks:
             stack.pretrain(cfg, stack.forward_step, callbacks=[
-                _Fingerprint(res, env, device, spec.expected_groups), guard, stop, recorder])
+                _Fingerprint(res, env, device, spec.expected_groups), guard, stop, recorder]
+                + ([thd] if thd else []))
         else:
             stack.pretrain(cfg, stack.forward_step)
     finally:
         te_log.detach()
         res.verification["cp_active"] = guard.report or {"checked": False}
         res.fingerprint["bridge_recipe_parity"] = parity
+        if thd:  # what TE was handed: recorded with the stack (regress reads fingerprints)
+            res.verification["thd"] = thd.report
+            res.fingerprint["packed"] = {k: thd.report.get(k) for k in (
+                "pad_between_seqs", "pad_between_seqs_set_here", "padded_is_unpadded")}
     res.te_backend = te_log.last
     if res.fingerprint:  # NCCL's transports of this rank's channels (its own log, if written)
         res.fingerprint["nccl_transport"] = placement.read_transports(nccl_log)
@@ -376,6 +400,9 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
         return res
     if not with_callbacks:
         res.status, res.error = Status.INVALID, "CP-active not proven (no Bridge callbacks)"
+        return res
+    if thd and not thd.report.get("checked"):
+        res.status, res.error = Status.INVALID, "packed (THD) attention not proven: no step ended"
         return res
     res.status = Status.OK
     return res

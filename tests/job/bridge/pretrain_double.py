@@ -29,7 +29,11 @@ before the first step when ``train.manual_gc``: training/train.py), and the
 ``CUDA_DEVICE_MAX_CONNECTIONS`` ``pretrain`` found. ``cyclic_hosts`` makes each rank report
 host ``node<rank % 2>`` (a cyclic SLURM distribution over two nodes), which the runner's
 placement check must refuse. ``nccl_log_line`` is written to ``NCCL_DEBUG_FILE`` when the
-runner asked for one, as NCCL's INIT log would carry it (gloo writes none).
+runner asked for one, as NCCL's INIT log would carry it (gloo writes none). A packed trial's
+dataset (``packed_data.PackedDocsDataset``, from the ``dataset`` Construct's arguments) feeds
+the steps, each batch split over CP and its ``PackedSeqParams`` handed to every attention
+module (packed_double.py); ``packed="drop"`` or ``"cp_off"`` loses the cu_seqlens or turns CP
+off in forward, which the runner's THD proof must catch.
 
 Run as a script, it forks the ranks of tests/job/bridge/test_bridge_runner_double.py.
 """
@@ -50,6 +54,7 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+from packed_double import ModelDouble, packed_params_double, partition_double
 
 PROTOCOL = json.loads((Path(__file__).parents[2] / "data" / "bridge_protocol.json").read_text())
 
@@ -59,11 +64,25 @@ def _section(fields: dict, name: str) -> SimpleNamespace:
                               if k.startswith(name + ".") and k.count(".") == 1})
 
 
+def _built(value):
+    """A ``config.Construct`` as the namespace of its arguments (``_target_``: its class),
+    nested ones too; Bridge's own classes cannot be imported here."""
+    from hcp_tune.job.bridge.config import Construct
+
+    if isinstance(value, Construct):
+        return SimpleNamespace(_target_=value.cls,
+                               **{k: _built(v) for k, v in value.kwargs.items()})
+    return value
+
+
 def build_container_double(fields: dict) -> SimpleNamespace:
     """The trial's field mapping as nested namespaces (paths checked elsewhere against
-    Bridge's real field names: tests/data/bridge_fields.json); ``env_vars`` as it is."""
+    Bridge's real field names: tests/data/bridge_fields.json); ``env_vars`` as it is; a
+    whole section given as a ``Construct`` (the packed dataset) as its arguments."""
     heads = {k.split(".")[0] for k in fields if "." in k}
-    return SimpleNamespace(**{h: _section(fields, h) for h in heads},
+    whole = {k: _built(v) for k, v in fields.items() if "." not in k
+             and k not in ("recipe", "env_vars", "mixed_precision")}
+    return SimpleNamespace(**{h: _section(fields, h) for h in heads}, **whole,
                            env_vars=dict(fields.get("env_vars") or {}))
 
 
@@ -93,6 +112,9 @@ def validate_double(config) -> None:
     if m.seq_length != config.dataset.seq_length:
         raise BridgeValidationError(f"model seq_length {m.seq_length} != dataset seq_length "
                                     f"{config.dataset.seq_length}")
+    if getattr(config.dataset, "enable_offline_packing", False) and t.micro_batch_size > 1:
+        raise BridgeValidationError("Micro batch size should be 1 when training with packed "
+                                    "sequence")  # ConfigContainer.validate, ~l.1456
     dp = config.data_parallel_size
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise BridgeValidationError(f"global batch {t.global_batch_size} is not divisible by "
@@ -122,7 +144,7 @@ class AttentionDouble(torch.nn.Module):
             cp_comm_type, cp_group, cp_global_ranks)
         self.te_log_line = te_log_line
 
-    def forward(self, x):
+    def forward(self, x, packed_seq_params=None):
         if self.te_log_line:  # once, as TE logs its choice once per new set of shapes
             logger = logging.getLogger("DotProductAttention")
             logger.setLevel(logging.DEBUG)  # what TE sets with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2
@@ -157,9 +179,16 @@ def _context(**given) -> SimpleNamespace:
 
 
 def forward_step_double(state, data_iterator, model, return_schedule_plan: bool = False):
-    """Bridge's forward_step protocol: (output, loss function of the output)."""
+    """Bridge's forward_step protocol: (output, loss function of the output); a packed
+    batch is split over CP and its ``PackedSeqParams`` handed to the model, as
+    ``gpt_step.forward_step`` does."""
     batch = next(data_iterator)
-    out = model(batch)
+    if isinstance(batch, dict):
+        batch = partition_double(batch)
+        out = model(batch["tokens"],
+                    packed_seq_params=packed_params_double(batch, model.packed))
+    else:
+        out = model(batch)
 
     def loss_func(output):
         loss = output.float().pow(2).mean()
@@ -173,9 +202,10 @@ class PretrainDouble:
     def __init__(self, *, plant_wrong_group: bool = False,
                  te_log_line: Optional[str] = None, hidden: int = 16,
                  record: Optional[str] = None, cyclic_hosts: bool = False,
-                 nccl_log_line: Optional[str] = None) -> None:
+                 nccl_log_line: Optional[str] = None, packed: str = "thd") -> None:
         self.plant_wrong_group, self.te_log_line, self.hidden = (
             plant_wrong_group, te_log_line, hidden)
+        self.packed = packed
         self.record, self.cyclic_hosts = record, cyclic_hosts
         self.nccl_log_line = nccl_log_line
         self.seen: dict = {"micro_batches": [], "mask_bytes": 0, "gc_enabled_in_steps": []}
@@ -237,7 +267,8 @@ class PretrainDouble:
                 settings["cp_group"] = settings["cp_group"][::-1]  # levels swapped
             blocks.append(AttentionDouble(self.hidden, te_log_line=self.te_log_line if i == 0
                                           else None, **settings))
-        return [torch.nn.Sequential(*blocks)]
+        vocab = getattr(config.dataset, "vocab_size", None) or 8
+        return [ModelDouble(blocks, self.hidden, vocab, self.packed)]
 
     def _train(self, config, forward_step_func, callbacks: list) -> None:
         model = self._model(config)
@@ -251,7 +282,18 @@ class PretrainDouble:
         # Megatron-Core's GPTDatasetConfig.create_attention_mask defaults to True
         mask = getattr(config.dataset, "create_attention_mask", True)
 
+        docs = getattr(config.dataset, "packed_docs", None)
+        if docs:  # the trial's packed documents, as Bridge's loader collates them
+            from hcp_tune.job.bridge.packed_data import PackedDocsDataset
+
+            ds = PackedDocsDataset(docs, seq=seq, cp=config.dataset.cp,
+                                   vocab=config.dataset.vocab_size, size=tc.micro_batch_size)
+            self.seen["packed_batches"] = 0
+
         def data():
+            while docs:
+                self.seen["packed_batches"] += 1
+                yield ds.collate_fn([ds[i] for i in range(tc.micro_batch_size)])
             while True:
                 if mask:  # per sample, as the mock dataset builds it on the host
                     for _ in range(tc.micro_batch_size):

@@ -1,13 +1,15 @@
 """``job.bridge.runner`` end to end on CPU: ``run_bridge_trial`` with the test double of
 Bridge's ``pretrain`` (pretrain_double.py, its protocol from the pinned source's extract),
-four gloo processes running nine trials one after another: a measured a2a+p2p run, a
+four gloo processes running thirteen trials one after another: a measured a2a+p2p run, a
 planted wrong ``cp_group`` on one module (invalid), the stop file (pruned), the time limit
 (failed, time_limit), pp=2 with two micro-batches per step, dp=2 with three (issue 30: the
 double counts global / (micro * dp)), and two misconfigurations the double does not build
 in, given as overrides: ``cp_comm_type=p2p`` on an a2a+p2p trial (the guard catches it)
 and null hierarchical sizes (Bridge's validation, restated in the double, refuses it),
-and ranks reporting a cyclic placement over two hosts (the placement check fails it).
-Then eight processes: a2a+p2p [2,2] at tp=2, and at pp=2 (the default job's shape, issue 38),
+and ranks reporting a cyclic placement over two hosts (the placement check fails it);
+packed documents (issue 37) at [2,2] and [1,4], proven THD and CP in the first forwards, and
+a stack that loses the cu_seqlens or turns CP off in forward (invalid). Then eight
+processes: a2a+p2p [2,2] at tp=2, and at pp=2 (the default job's shape, issue 38),
 with CUDA_DEVICE_MAX_CONNECTIONS and GC checked as the double saw them inside ``pretrain``.
 
 Nothing here is a GPU result: the double checks the runner's control flow, the CP proof on
@@ -33,6 +35,8 @@ from hcp_tune.spec import Status, result_from_json
 DOUBLE = Path(__file__).with_name("pretrain_double.py")
 WORLD = 4
 TE_LINE = "Selected backend = FusedAttention (sub-backend 1)"
+# three documents of seq=64 at cp=4 (each padded to 8: 16 + 24 + 16 = 56, an 8-token tail)
+PACKED = {"packing": "thd", "packed_docs": [[13, 20, 9]], "mix": "doc3#abcdef"}
 NCCL_LINE = "node0:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
 
 
@@ -95,6 +99,13 @@ def ran(tmp_path_factory) -> dict:
             "model.hierarchical_context_parallel_sizes=null"])},
         {"name": "cyclic", "spec": _spec("cyclic", Layout(2, 2), tmp=tmp),
          "double": {"cyclic_hosts": True}},
+        # packed (issue 37): the trial's documents through the runner's packed data
+        {"name": "packed", "spec": _spec("packed", Layout(2, 2), tmp=tmp, **PACKED)},
+        {"name": "packed_p2p", "spec": _spec("packed_p2p", Layout(1, 4), tmp=tmp, **PACKED)},
+        {"name": "packed_drop", "spec": _spec("packed_drop", Layout(2, 2), tmp=tmp, **PACKED),
+         "double": {"packed": "drop"}},
+        {"name": "packed_cp_off", "spec": _spec("packed_cp_off", Layout(2, 2), tmp=tmp,
+                                                **PACKED), "double": {"packed": "cp_off"}},
     ]
     return _launch(tmp, scenarios, WORLD)
 
@@ -140,7 +151,8 @@ def test_the_double_drives_the_runner_to_a_verified_measurement(ran):
 def test_a_planted_wrong_cp_group_on_one_module_is_invalid(ran):
     res = ran["planted"]
     assert res.status == Status.INVALID
-    assert "rank 0: chunk0.0's CP groups" in res.error and "differ from the plan" in res.error
+    assert "rank 0: chunk0.blocks.0's CP groups" in res.error
+    assert "differ from the plan" in res.error
 
 
 @pytest.mark.multiproc
@@ -243,3 +255,36 @@ def test_a2a_p2p_with_tp_or_pp_is_proven_and_measured(ran8, name, tp, pp, m):
     assert set(_seen(ran8, name)["micro_batches"]) == {m}
     # NCCL's transports from the INIT log the runner asked for (the double writes the line)
     assert res.fingerprint["nccl_transport"] == (["P2P/CUMEM"] if name == "tp2" else None)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("name", ["packed", "packed_p2p"])
+def test_a_packed_trial_proves_thd_and_cp_in_its_first_forwards(ran, name):
+    res = ran[name]
+    assert res.status == Status.OK, res.error
+    thd = res.verification["thd"]
+    assert thd["checked"] and thd["problems"] == []
+    assert thd["modules"] == 2 * WORLD and thd["qkv_format"] == ["thd"]  # every module, rank
+    assert thd["documents"] == ["4"]  # three documents and the tail entry (Bridge's packer)
+    assert thd["padded_is_unpadded"] == ["False"]  # Bridge's separate padded tensor
+    # Megatron-Core 0.16.1 (this venv) has no PackedSeqParams.pad_between_seqs to fill
+    assert res.fingerprint["packed"] == {"pad_between_seqs": ["None"],
+                                         "pad_between_seqs_set_here": False,
+                                         "padded_is_unpadded": ["False"]}
+    seen = json.loads((ran["_tmp"] / f"{name}.double.rank0.json").read_text())
+    assert seen["packed_batches"] == 3  # one packed sequence per micro-batch, 3 steps
+    cfg = res.verification["bridge_config"]["dataset"]
+    assert cfg["_target_"] == "hcp_tune.job.bridge.packed_data:packed_provider"
+    assert cfg["packed_docs"] == [[13, 20, 9]] and cfg["enable_offline_packing"] is True
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("name,message", [
+    ("packed_drop", "ran without packed_seq_params: the batch's cu_seqlens did not reach"),
+    ("packed_cp_off", "packed_seq_params turned CP off in forward"),
+])
+def test_a_packed_trial_whose_attention_lost_thd_or_cp_is_invalid(ran, name, message):
+    res = ran[name]
+    assert res.status == Status.INVALID and message in res.error, res.error
+    assert res.verification["cp_active"]["problems"] == []  # train start saw nothing wrong
+    assert res.verification["thd"]["checked"] and res.verification["thd"]["problems"]
