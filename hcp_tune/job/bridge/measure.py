@@ -158,9 +158,11 @@ class StepRecorder:
         mine = self.memory() if self.memory else None
         self.ranks_memory = [m for m in (self.gather(mine) if self.gather else [mine]) if m]
 
-    def result(self, *, world_size: int,
-               flops_per_step_ported: Optional[float]) -> BridgeMeasurement:
-        """The measurement: Bridge's own FLOP count when it reported one, else the port."""
+    def result(self, *, world_size: int, flops_per_step_ported: Optional[float],
+               prefer_ported: bool = False) -> BridgeMeasurement:
+        """The measurement: Bridge's own FLOP count when it reported one, else the port
+        (``prefer_ported``: the port first, for packed trials, where Bridge v0.6.0 counts
+        S^2 attention under CP: ``gpt_step._forward_step_common``)."""
         m = BridgeMeasurement(source="callbacks", world_size=world_size,
                               memory=list(self.ranks_memory))
         m.step_times_s = [s.time_s for s in self.steps[self.warmup_steps:]]
@@ -169,7 +171,8 @@ class StepRecorder:
         bridge_count = None
         if self.flops_start is not None and self.flops_end is not None and n:
             bridge_count = (self.flops_end - self.flops_start) / n
-        m.flops_per_step = bridge_count or flops_per_step_ported
+        m.flops_per_step = ((flops_per_step_ported or bridge_count) if prefer_ported
+                            else (bridge_count or flops_per_step_ported))
         if bridge_count and flops_per_step_ported:
             ratio = bridge_count / flops_per_step_ported
             m.notes.append(f"FLOPs per step: Bridge counted {bridge_count:.4g}, the port "

@@ -114,12 +114,20 @@ def _gather(obj: Any) -> list:
 
 
 def ported_flops(cfg, spec: TrialSpec) -> Optional[float]:
-    """Bridge's FLOPs per step for the model as Bridge resolved it (flops.bridge_gpt_flops)."""
+    """Bridge's FLOPs per step for the model as Bridge resolved it (flops.bridge_gpt_flops);
+    a packed trial's core attention counted over its documents, ``6*layers*q*sum(d^2)`` a
+    sequence instead of ``6*layers*q*seq^2`` (attention never crosses a document)."""
     from hcp_tune.flops import bridge_gpt_flops
 
     m = cfg.model
     try:
-        return bridge_gpt_flops(
+        packed = 0.0
+        if spec.packing == "thd" and spec.packed_docs:
+            q = (m.kv_channels or m.hidden_size // m.num_attention_heads) * m.num_attention_heads
+            docs_sq = sum(sum(d * d for d in s) for s in spec.packed_docs) / len(spec.packed_docs)
+            packed = (cfg.train.global_batch_size * 6 * m.num_layers * q
+                      * (m.seq_length ** 2 - docs_sq))
+        return -packed + bridge_gpt_flops(
             batch=cfg.train.global_batch_size, seq=m.seq_length, layers=m.num_layers,
             hidden=m.hidden_size, ffn_hidden=m.ffn_hidden_size, heads=m.num_attention_heads,
             kv_heads=m.num_query_groups or m.num_attention_heads,
@@ -357,7 +365,8 @@ def _run(spec: TrialSpec, res: TrialResult, env, stack: Optional[BridgeStack],
         resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     if with_callbacks:
         m = recorder.result(world_size=spec.world_size,
-                            flops_per_step_ported=ported_flops(cfg, spec))
+                            flops_per_step_ported=ported_flops(cfg, spec),
+                            prefer_ported=spec.packing == "thd")
     else:
         log = last_rank_log(spec.world_size)
         if log is None or not log.exists():

@@ -212,3 +212,28 @@ def test_check_thd_without_cp_checks_the_layout_alone():
     assert check_thd([{"rank": 0, "modules": []}], [], None) == [
         "rank 0: no attention forward was recorded in the first step: THD cannot be proven"]
     assert check_thd(_evidence(cp_groups=[[0]]), [], None) == []  # no CP planned: no groups
+
+
+# ---------------------------------------------------------------- FLOPs
+
+
+def test_a_packed_trial_counts_its_attention_over_its_documents():
+    from hcp_tune.job.bridge import runner
+    from hcp_tune.job.bridge.measure import StepRecord, StepRecorder
+
+    model = SimpleNamespace(seq_length=64, num_layers=2, hidden_size=64, ffn_hidden_size=256,
+                            num_attention_heads=8, num_query_groups=None, kv_channels=8,
+                            vocab_size=1000, tensor_model_parallel_size=1, gated_linear_unit=True,
+                            make_vocab_size_divisible_by=128)
+    cfg = SimpleNamespace(model=model, train=SimpleNamespace(global_batch_size=3))
+    fixed = runner.ported_flops(cfg, spec(packing="off", packed_docs=[]))
+    packed = runner.ported_flops(cfg, spec())
+    q = 8 * 8
+    assert fixed - packed == 3 * 6 * 2 * q * (64 * 64 - (13 * 13 + 20 * 20 + 9 * 9))
+    # Bridge v0.6.0 counts S^2 attention under CP for packed batches: the port is used
+    rec = StepRecorder(warmup_steps=0)
+    rec.steps = [StepRecord(step=0, time_s=1.0, lm_loss=1.0)]
+    rec.flops_start, rec.flops_end = 0.0, 2 * fixed
+    assert rec.result(world_size=2, flops_per_step_ported=packed,
+                      prefer_ported=True).flops_per_step == packed
+    assert rec.result(world_size=2, flops_per_step_ported=packed).flops_per_step == 2 * fixed
