@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from hcp_tune.config.cluster import ClusterProfile
 from hcp_tune.costmodel.params import DTYPE_BYTES, GIB, CostParams, Terms
-from hcp_tune.flops import causal_attention_flops
+from hcp_tune.flops import causal_attention_flops, packed_attention_flops
 from hcp_tune.space.layout import Candidate, rank_groups
 
 
@@ -139,8 +139,9 @@ def attention_core(model, cluster, cand, mbs, dtype, params, forward_only=False,
     b = DTYPE_BYTES[dtype]
     groups = layout_groups(cand, cluster)
     fwd, bwd = causal_attention_flops(seq, model.heads, model.head_dim, mbs)
-    if packed is not None:  # the documents' sum(d^2) instead of seq^2 (packed.py)
-        fwd, bwd = fwd * packed.work_fraction, bwd * packed.work_fraction
+    if packed is not None:  # the documents' sum(d^2) instead of seq^2, per mbs sequences
+        fwd, bwd = (x * mbs / packed.sequences for x in packed_attention_flops(
+            [d for d, _ in packed.docs], model.heads, model.head_dim))
     if forward_only:
         bwd = 0.0
     block_tokens = seq / p
