@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hcp_tune.engine.store import KEY_FIELDS
+from hcp_tune.engine.records import KEY_FIELDS, key_field
 from hcp_tune.engine import verdict
 from hcp_tune.engine.error_rates import rate_for
 from hcp_tune.noise import percentile
@@ -54,7 +54,8 @@ class KeySummary:
 
     @property
     def name(self) -> str:
-        return " ".join(f"{k}={self.key[k]}" for k in KEY_FIELDS)
+        return " ".join(f"{k}={self.key.get(k)}" for k in KEY_FIELDS
+                        if k != "mix" or self.key.get(k))
 
 
 def pareto(layouts: list[LayoutSummary]) -> None:
@@ -124,7 +125,7 @@ def summarize(rows: list[dict[str, Any]], *, results_dir=None, env_tag: Optional
         if (env_tag and r.get("env_tag") != env_tag or cluster and r.get("cluster") != cluster
                 or model and r.get("model") != model):
             continue
-        groups.setdefault(tuple(r.get(k) for k in KEY_FIELDS), []).append(r)
+        groups.setdefault(tuple(key_field(r, k) for k in KEY_FIELDS), []).append(r)
     out = []
     if profiles is None:  # each (cluster, model) loaded once (``_predict``)
         profiles = {}
