@@ -5,10 +5,9 @@ parallelism splits each document. Standard library only: the contract both sides
 - A **mix** is a histogram of document lengths: a file (CSV ``length,count``, or one length
   per line) or a named preset (``PRESETS``, or ``lognormal:MEDIAN:SIGMA``). Its ``label``
   (name and a short hash of the histogram) joins the sweep key, so recommendations are per mix.
-- **Packing** draws documents from the mix with a fixed seed and fills sequences of ``seq``
-  tokens in the order drawn, each document padded to a multiple of ``2*cp`` (Megatron-Core
-  and TE split every packed document into ``2*cp`` chunks for causal load balance); a
-  document that does not fit what is left of a sequence starts the next one.
+- **Packing** draws documents from the mix with a fixed seed and places them first-fit into
+  sequences of ``seq`` tokens, each document padded to a multiple of ``2*cp`` (Megatron-Core
+  and TE split every packed document into ``2*cp`` chunks for causal load balance).
 - **The CP partition** of one packed sequence: rank ``r`` of ``cp`` holds chunks ``r`` and
   ``2*cp-1-r`` of every (padded) document, as TE's ``thd_get_partitioned_indices`` does.
 """
@@ -159,25 +158,30 @@ def padded(length: int, cp: int) -> int:
 def pack(mix: LengthMix, seq: int, cp: int, sequences: int = 1, seed: int = DRAW_SEED
          ) -> list[list[int]]:
     """``sequences`` packed sequences of ``seq`` tokens, each a list of document lengths
-    (unpadded), drawn from ``mix`` in order with ``seed``; each document takes its padded
-    length, and one that does not fit starts the next sequence."""
+    (unpadded), drawn from ``mix`` with ``seed``. Documents are placed first-fit, as
+    offline packers place them (Megatron-Bridge's default ``first_fit_shuffle``): each
+    drawn document, at its padded length, goes into the first open sequence with room, else
+    opens a new one; the first ``sequences`` sequences opened (the ones first-fit has had
+    the most chances to fill) are returned once enough has been drawn to fill two more."""
     rng = random.Random(seed)
     lengths = [n for n, _ in mix.counts]
     weights = [c for _, c in mix.counts]
-    out: list[list[int]] = []
-    current: list[int] = []
-    used = 0
-    while len(out) < sequences:
-        doc = min(rng.choices(lengths, weights)[0], seq)
+    bins: list[list[int]] = []
+    room: list[int] = []
+    unit = 2 * cp
+    drawn, target = 0, (sequences + 2) * seq
+    while drawn < target:
+        doc = min(rng.choices(lengths, weights)[0], seq - seq % unit if seq % unit else seq)
         need = padded(doc, cp)
-        if need > seq:  # only when seq is not a multiple of 2*cp: the rules refuse that
-            doc, need = seq - seq % (2 * cp), seq - seq % (2 * cp)
-        if used + need > seq:
-            out.append(current)
-            current, used = [], 0
-        current.append(doc)
-        used += need
-    return out
+        at = next((i for i, r in enumerate(room) if r >= need), None)
+        if at is None:
+            bins.append([])
+            room.append(seq)
+            at = len(bins) - 1
+        bins[at].append(doc)
+        room[at] -= need
+        drawn += need
+    return bins[:sequences]
 
 
 @dataclass(frozen=True)
