@@ -223,6 +223,25 @@ def calibrated(r, cwd):
     assert list((cwd / "results" / "calibration").glob("*.json"))
 
 
+def packed_sweep(r, cwd):
+    """docs/guides/packed.md's sweep, CPU-sized (``PACKED``): every layout measured and
+    ranked under the web mix's key, in a folder of its own."""
+    assert r.returncode == 0, f"exit {r.returncode}"
+    assert "ranked:" in r.stdout
+    recs = (cwd / "packed" / "recommendations.csv").read_text()
+    assert "web#" in recs, recs
+
+
+def packed_recommendation(r, cwd):
+    assert r.returncode == 0, f"exit {r.returncode}"
+    assert "web#" in r.stdout and "hierarchical_context_parallel_sizes" in r.stdout, r.stdout
+
+
+# docs/guides/packed.md's measured commands on CPU: seq 1024 (a few web documents a
+# sequence), cp=2, their results in a folder of their own
+PACKED = {"seq=8192": "seq=1024", "cp=4": "cp=2"}
+
+
 @dataclass(frozen=True)
 class Mapping:
     expect: Check
@@ -282,6 +301,11 @@ MAPPINGS = {
     "python -m hcp_tune sweep runner=attention+bridge runner.top_k=2 cluster=dgx-h100 "
     "model=llama3-8b cp=8 seq=65536": Mapping(
         bridge_absent, BRIDGE_LOCAL, (*FAST, "executor=local")),
+    "python -m hcp_tune sweep cp=4 seq=8192 data.packing=thd data.lengths=web model=tiny "
+    "cluster=local runner=attention": Mapping(
+        packed_sweep, PACKED, (*FAST, "executor=local", "results_dir=packed")),
+    "python -m hcp_tune recommend cluster=local model=tiny cp=4 seq=8192 data.packing=thd "
+    "data.lengths=web": Mapping(packed_recommendation, PACKED, ("results_dir=packed",)),
     # runner=synthetic draws its trials here: run as typed, into folders of their own (its
     # keys would otherwise join the local cluster's listing the quickstart checks)
     "python -m hcp_tune sweep cp=8 seq=1024 tp=1 pp=1 model=tiny cluster=local "
