@@ -22,6 +22,8 @@ ORCHESTRATOR_TO_JOB = {
     ("hcp_tune.config.settings", "hcp_tune.job.bridge.config"):
         "runner.bridge_overrides are parsed at load by the parser the job uses",
     ("hcp_tune.engine.dispatch", "hcp_tune.job.steps"): "the steps driver's StepLaunch record",
+    ("hcp_tune.engine.pools", "hcp_tune.job.pool"):
+        "a kept allocation's folder names and batch files, both sides alike",
     ("hcp_tune.engine.sweep", "hcp_tune.job.payload"): "the payload functions submitit pickles",
     ("hcp_tune.engine.launch", "hcp_tune.job.payload"): "the payload functions submitit pickles",
 }

@@ -223,6 +223,10 @@ class ExecutorConfig:
         "how a job runs its trials: processes (one process set for all, as trials_per_job "
         "says) | steps (each trial in fresh processes, srun job steps of one allocation) | "
         "auto (steps for runner=bridge, processes otherwise)")
+    keep_allocation: bool = _f(
+        "keep a job's allocation for the sweep's next batches of its world size (an "
+        "adaptive round, a broken batch's unrun trials), each in fresh processes, instead "
+        "of a new job per batch; never for search.purpose=regress")
     extra_sbatch: dict[str, Any] = _f(
         "more #SBATCH flags; they win over the above",
         expect="a mapping of sbatch flag names to scalar values, e.g. {reservation: bench}")

@@ -7,7 +7,9 @@ several runs at different m in the same job and combines them into one result at
 user's m: ``sweep_collect``); results come back as ``TrialResult`` data, are stored the
 moment they arrive (``store``), told to the study, and shown live (``ui``). Up to
 ``array_parallelism`` trials run at once; the first batch goes out as one job array, later
-ones one by one as slots free up, so no batch waits for its slowest member. A running
+ones one by one as slots free up, so no batch waits for its slowest member; with
+``executor.keep_allocation`` a job whose batch ended takes the next batch of its world size
+in fresh processes of the same allocation (``pools``), instead of a new job. A running
 trial whose steps are clearly slower than the best layout's figure is stopped (early
 stopping, the rule in ``should_prune``; the best layout's own repeats never are: that
 would bias its figure). With ``search.adaptive`` (the default) every layout first gets
@@ -30,6 +32,7 @@ from hcp_tune.engine import (
     budget,
     dispatch,
     housekeeping,
+    pools,
     sweep_adaptive,
     sweep_plan,
     synthetic,
@@ -48,7 +51,7 @@ from hcp_tune.engine.sweep_plan import SweepPlan, kept_by_key, plan_sweep
 from hcp_tune.engine.trialspec import spec_for
 
 # the jobs' payloads, both executors: on the job side, so a job imports none of the orchestrator
-from hcp_tune.job.payload import batch_payload, steps_payload
+from hcp_tune.job.payload import batch_payload, pool_payload, steps_payload
 from hcp_tune.space.layout import Candidate, factorizations
 from hcp_tune.spec import Status, TrialResult, TrialSpec
 
@@ -76,6 +79,9 @@ class Sweeper(Collector):
                               else dispatch.resolve_executor_name(self.exec_cfg.name))
         # executor.batch: a batch's trials in one process set, or each as its own step
         self.steps = runs_as_steps(cfg)
+        # executor.keep_allocation: each job a pool that takes the next batches (pools.py)
+        self.keep = pools.keeps_allocation(cfg, steps=self.steps, synthetic=self.truth is not None)
+        self.idle: list[pools.Pool] = []  # kept allocations whose batch ended
         self.progress_dir = cfg.results_dir / "progress"
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         # CPU trials share this machine's cores: measured side by side they would rank the
@@ -247,25 +253,32 @@ class Sweeper(Collector):
         """The same job for both executors: one task per rank, GPUs only on a GPU profile;
         a steps batch runs one driver task (it starts each trial's ranks itself)."""
         gpus = self.cfg.cluster.gpus_per_node if self.cfg.cluster.device == "cuda" else 0
+        driver = self.steps or self.keep  # one driver process starts the ranks itself
         ex = dispatch.make_executor(self.exec_cfg, world_size=spec.world_size, gpus_per_node=gpus,
-                                    tasks_per_node=1 if self.steps and self.executor_name == "local"
+                                    tasks_per_node=1 if driver and self.executor_name == "local"
                                     else None)
-        if self.steps and self.executor_name == "slurm":  # one driver; it runs srun steps
+        if driver and self.executor_name == "slurm":  # one driver; it runs srun steps
             dispatch.use_steps(ex, self.exec_cfg)
         if trials > 1:  # executor.time_limit_min is per run: a batch gets one per run
             dispatch.scale_time_limit(ex, self.exec_cfg, trials)
         return ex
 
+    def _launch(self, spec: TrialSpec) -> Any:
+        """How a driver starts ranks on SLURM (srun steps); None on the local executor."""
+        if self.executor_name != "slurm":
+            return None
+        cuda = self.cfg.cluster.device == "cuda"
+        return dispatch.step_launch(self.exec_cfg, world_size=spec.world_size,
+                                    gpus_per_node=self.cfg.cluster.gpus_per_node if cuda else 0)
+
     def _args(self, specs: list[TrialSpec]) -> tuple:
         if self.steps:  # executor.batch=steps: each trial its own process set (job.steps)
-            launch = None
-            if self.executor_name == "slurm":
-                cuda = self.cfg.cluster.device == "cuda"
-                launch = dispatch.step_launch(
-                    self.exec_cfg, world_size=specs[0].world_size,
-                    gpus_per_node=self.cfg.cluster.gpus_per_node if cuda else 0)
-            return (steps_payload, specs, launch,
+            return (steps_payload, specs, self._launch(specs[0]),
                     str(self.cfg.results_dir / "trials" / f"{specs[0].trial_id}.steps"))
+        if self.keep:  # a pool: this batch first, then the next ones it is handed
+            root, launch = pools.root_for(self.cfg.results_dir, specs[0]), self._launch(specs[0])
+            return (pool_payload, specs, str(root), launch,
+                    pools.forks(self.cfg, launch.nodes if launch else 1), str(self.marker or ""))
         return (batch_payload, specs)
 
     def _cost(self, work: Work) -> Any:
@@ -281,23 +294,26 @@ class Sweeper(Collector):
             "run the same command again to resume")
         self.queue.clear()
 
-    def _take_batch(self, free: int) -> list[Work]:
-        """The next job's trials: up to ``trials_per_job`` queued trials of the first one's
-        world size (``auto``: its queued trials spread evenly over the ``free`` slots),
-        in queue order, within the budget, at most one per layout and key (a
-        repeat runs in another job: another allocation, other processes, so repeats
-        sample what varies between jobs), then grouped by layout (in the order
+    def _take_batch(self, free: int, world: Optional[int] = None,
+                    cap: Optional[int] = None) -> list[Work]:
+        """The next batch: up to ``trials_per_job`` (``auto``: the world size's queued
+        trials spread evenly over the ``free`` slots) and ``cap`` queued trials of the first
+        one's world size (``world``: of this tp*cp, a kept allocation's), in queue order,
+        within the budget, at most one per layout and key (a repeat runs in other
+        processes: in another job, or another process set of a kept allocation, so repeats
+        sample what varies between process sets), then grouped by layout (in the order
         the layouts first appear) so a layout's groups are built once and reused across
         sequence lengths."""
-        world = self.queue[0].cand.tp * self.queue[0].cand.cp
+        world = world or self.queue[0].cand.tp * self.queue[0].cand.cp
         # Bridge sets up its global state per pretrain run: in one process set, one Bridge
         # trial per job; as steps (fresh processes each), trials_per_job of them
         bridge_alone = self.cfg.runner.name == "bridge" and not self.steps
         same_world = sum(w.cand.tp * w.cand.cp == world for w in self.queue)
         limit = 1 if bridge_alone else budget.trials_per_job(
             self.exec_cfg.trials_per_job, same_world, max(1, free))
+        limit = limit if cap is None else min(limit, cap)
         picked: list[Work] = []
-        taken: set[tuple] = set()  # (key, a2a): a repeat goes to another job, not this one
+        taken: set[tuple] = set()  # (key, a2a): a repeat goes to another process set
         for w in list(self.queue):
             if len(picked) == limit:
                 break
@@ -317,40 +333,74 @@ class Sweeper(Collector):
             first.setdefault((w.cand.tp, w.cand.layout.a2a), i)
         return sorted(picked, key=lambda w: first[(w.cand.tp, w.cand.layout.a2a)])
 
+    def _members(self, works: list[Work]) -> list[Member]:
+        """Each queued trial as an optuna trial and its spec (stale result and stop files
+        of its runs removed)."""
+        members = []
+        for work in works:
+            number, trial_id, a2a = work.study.ask(work.cand.layout.a2a, work.key.slug)
+            cand = next(c for c in work.kept if c.layout.a2a == a2a)
+            spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
+            member = Member(work.key, work.study, number, spec, cand, work.kept)
+            for stale in (spec.stop_path, *(p.result_path for p in member.points)):
+                Path(stale).unlink(missing_ok=True)
+            members.append(member)
+        return members
+
+    def _track(self, members: list[Member], handle: dispatch.JobHandle,
+               pool: Optional[pools.Pool] = None, set_n: int = 0) -> None:
+        # tracked first: a Ctrl-C between here and the ledger write still cancels the job
+        self.running.append(Running(members, handle, pool=pool, set_n=set_n))
+        where = f"job {handle.job_id}" + (f", process set {set_n}" if pool else "")
+        for m in members:
+            m.study.submitted(m.number, handle.job_id, handle.executor, str(handle.folder))
+            self.reporter.trial(m.spec, "submitted", where)
+
+    def _feed_idle(self) -> None:
+        """Each kept allocation whose batch ended takes the next batch of its world size
+        (as many trials as its time limit still holds); one with nothing to take ends."""
+        idle, self.idle = self.idle, []
+        for pool in idle:
+            fits = pool.trials_that_fit(self.cfg.runner.time_limit_s)
+            works = (self._take_batch(max(1, self.slots - len(self.running)),
+                                      world=pool.world_size, cap=fits)
+                     if fits and self.queue else [])
+            if not works:
+                pools.end([pool])
+                continue
+            members = self._members(works)
+            self._track(members, pool.handle, pool,
+                        pools.feed(pool, [p for m in members for p in m.points]))
+
     def fill(self) -> None:
-        """Submit queued trials into free slots, ``trials_per_job`` per job (the first
-        jobs as one job array when they have one shape)."""
+        """Hand kept allocations their next batch, then submit queued trials into free
+        slots, ``trials_per_job`` per job (the first jobs as one job array when they have
+        one shape)."""
+        self._feed_idle()
         free = self.slots - len(self.running)
         batches: list[list[Member]] = []
         while free > 0 and self.queue:
-            members = []
             works = self._take_batch(free)
             if not works:
                 break  # the budget stopped it
-            for work in works:
-                number, trial_id, a2a = work.study.ask(work.cand.layout.a2a, work.key.slug)
-                cand = next(c for c in work.kept if c.layout.a2a == a2a)
-                spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
-                member = Member(work.key, work.study, number, spec, cand, work.kept)
-                for stale in (spec.stop_path, *(p.result_path for p in member.points)):
-                    Path(stale).unlink(missing_ok=True)
-                members.append(member)
-            batches.append(members)
+            batches.append(self._members(works))
             free -= 1
         if not batches:
             return
         specs = [[p for m in b for p in m.points] for b in batches]  # every run, in order
+        submitted = time.monotonic()
         if self.truth is not None:
             handles = [synthetic.submit(self.truth, self.cfg, b, self.exec_cfg.folder)
                        for b in batches]
         else:
             handles = self._submit(batches, specs)
-        for members, handle in zip(batches, handles):
-            # tracked first: a Ctrl-C between here and the ledger write still cancels the job
-            self.running.append(Running(members, handle))
-            for m in members:
-                m.study.submitted(m.number, handle.job_id, handle.executor, str(handle.folder))
-                self.reporter.trial(m.spec, "submitted", f"job {handle.job_id}")
+        for members, handle, runs in zip(batches, handles, specs):
+            pool = None
+            if self.keep:  # its time limit: executor.time_limit_min per run it was given
+                pool = pools.new(handle, pools.root_for(self.cfg.results_dir, runs[0]),
+                                 members[0].cand.tp * members[0].cand.cp,
+                                 self.exec_cfg.time_limit_min * 60 * len(runs), submitted)
+            self._track(members, handle, pool)
 
     def _submit(self, batches: list[list[Member]], specs: list[list[TrialSpec]]) -> list:
         same_shape = len({(b[0].world_size, len(b)) for b in specs}) == 1
@@ -380,7 +430,7 @@ class Sweeper(Collector):
                     self.fill()
                     self.poll()
                     if self.running and self.truth is None:  # synthetic: a step per poll
-                        time.sleep(POLL_INTERVAL_S)  # orchestrator's polling cadence
+                        pools.wait_for_poll(self.running, POLL_INTERVAL_S)  # the cadence
             except KeyboardInterrupt:
                 self.cancel_all()
                 self.store.rebuild(self.storage)
@@ -389,6 +439,8 @@ class Sweeper(Collector):
                 self.reporter.stop()
             self.store.rebuild(self.storage)  # row files and tables, as views of the studies
         finally:
+            pools.release(self.idle)  # no allocation outlives the sweep
+            self.idle = []
             housekeeping.unmark_sweep(self.marker)
         self.summary.recommendations = self.store.recommendations()
         return self.summary

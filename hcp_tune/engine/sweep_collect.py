@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from hcp_tune.engine import dispatch
+from hcp_tune.engine import dispatch, pools
 from hcp_tune.engine.store import trial_row
 from hcp_tune.engine.sweep_jobs import Member, Running, Work, count
 from hcp_tune.engine.sweep_plan import failure_label
@@ -42,6 +42,7 @@ class Collector:
     summary: Any
     reporter: Any
     early_stop: bool
+    idle: list  # pools.Pool: kept allocations whose batch ended
 
     def _note_best(self, key: Any, row: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -161,9 +162,18 @@ class Collector:
         outcomes = dispatch.poll_all([r.handle for r in self.running])
         still = []
         for run, out in zip(self.running, outcomes):
+            job = out
+            if run.pool is not None and pools.untaken(run.pool, run.set_n, job):
+                for m in run.open():  # its allocation ended before the set started
+                    self.requeue(m)
+                continue
+            if run.pool is not None:  # a kept allocation: its process set's end
+                out = pools.outcome(run.pool, run.set_n, job)
             self._collect_landed(run, out.finished)
             if out.finished:
                 self._finish(run, out)
+                if run.pool is not None and not job.finished and not run.pool.unusable:
+                    self.idle.append(run.pool)  # up, and ready for the next batch
                 continue
             if out.state.value != run.state:
                 run.state = out.state.value
@@ -172,7 +182,7 @@ class Collector:
             if self.early_stop:
                 for m in run.open():
                     self._prune(m)
-            if run.open():
+            if run.open() or run.pool is not None:  # a pool's set: kept until it ended
                 still.append(run)
         self.running = still
 
@@ -204,7 +214,8 @@ class Collector:
         for run in self.running:
             for m in run.open():
                 atomic_write_text(m.spec.stop_path, reason)
-        dispatch.cancel([r.handle for r in self.running])
+        dispatch.cancel([r.handle for r in self.running] + [p.handle for p in self.idle])
+        self.idle = []
         for run in self.running:
             for m in run.open():
                 results = m.results()

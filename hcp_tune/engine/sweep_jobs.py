@@ -55,11 +55,14 @@ class Member:
 
 @dataclass
 class Running:
-    """A job and the trials it runs, in order, in the same processes."""
+    """A job and the trials it runs, in order, in the same processes; in a kept allocation
+    (``pool``), process set ``set_n`` of the pool's job runs them."""
 
     members: list[Member]
     handle: dispatch.JobHandle
     state: str = "pending"
+    pool: Any = None  # pools.Pool
+    set_n: int = 0
 
     def open(self) -> list[Member]:
         return [m for m in self.members if not m.done]

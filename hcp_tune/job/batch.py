@@ -151,9 +151,12 @@ def _exit_without_teardown() -> None:
     atexit.register(leave)
 
 
-def run_batch(specs: list[TrialSpec]) -> list[TrialResult]:
+def run_batch(specs: list[TrialSpec], *, note: str = "", log_path: str = ""
+              ) -> list[TrialResult]:
     """A job's body on one rank, for both executors: each result written to its
-    ``result_path`` at once; a hung peer ends with rank 0 (``_end_with_rank0``)."""
+    ``result_path`` at once; a hung peer ends with rank 0 (``_end_with_rank0``).
+    ``note``: added to every result (``job.pool``: which process set of which allocation
+    ran it); ``log_path``: this rank's log, where a result without one points."""
     from hcp_tune.job.dist import detect_env
 
     env = detect_env()
@@ -163,6 +166,9 @@ def run_batch(specs: list[TrialSpec]) -> list[TrialResult]:
     by_id = {s.trial_id: s for s in specs}
 
     def write(res: TrialResult) -> None:
+        if note:
+            res.notes.append(note)
+        res.log_path = res.log_path or log_path or None
         path = by_id[res.trial_id].result_path
         if path:
             write_result(res, Path(path), env.rank)

@@ -30,3 +30,15 @@ def steps_payload(specs: list[TrialSpec], launch, workdir: str) -> list[TrialRes
     from hcp_tune.job.steps import run_steps
 
     return run_steps(specs, launch, workdir)
+
+
+def pool_payload(specs: list[TrialSpec], root: str, launch, fork: bool, owner: str = ""
+                 ) -> list[TrialResult]:
+    """``executor.keep_allocation``: the job's one driver process runs ``specs`` as its first
+    process set, then each batch the orchestrator writes into ``root``, each in fresh
+    processes (``launch``: srun steps; None: local processes; ``fork``: forked from the
+    driver once it imported torch), until told to end or its sweep's marker ``owner`` is
+    gone (``job.pool.run_pool``)."""
+    from hcp_tune.job.pool import run_pool
+
+    return run_pool(specs, root, launch, fork, owner)

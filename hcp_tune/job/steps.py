@@ -83,8 +83,9 @@ class StepLaunch:
     gpus_per_node: int = 0
 
 
-def srun_argv(spec: TrialSpec, spec_file: Path, logs: Path, launch: StepLaunch, job_id: str
-              ) -> list[str]:
+def srun_argv(spec: TrialSpec, spec_file: Path, logs: Path, launch: StepLaunch, job_id: str,
+              *, entry: str = "hcp_tune.job.steps", name: Optional[str] = None,
+              args: tuple[str, ...] = ()) -> list[str]:
     """The ``srun`` that runs one trial as a job step of allocation ``job_id``.
 
     Every task's output goes to ``logs/rank<task>.log``. With a container image the step
@@ -93,8 +94,10 @@ def srun_argv(spec: TrialSpec, spec_file: Path, logs: Path, launch: StepLaunch, 
     creates it and the later ones reuse it (and a first step that failed before creating
     it does not strand the rest). ``--kill-on-bad-exit`` is not set: a rank that dies
     leaves its peers to fail on their own and write the comm verdict with its cause.
+    ``entry``, ``name``, ``args``: another rank entry and its step's name (``job.pool``
+    runs a batch of trials in one step: ``python -m hcp_tune.job.pool SPECS.json N JOB``).
     """
-    argv = ["srun", f"--job-name={step_name(spec)}", f"--nodes={launch.nodes}",
+    argv = ["srun", f"--job-name={name or step_name(spec)}", f"--nodes={launch.nodes}",
             f"--ntasks={spec.world_size}", f"--ntasks-per-node={launch.tasks_per_node}",
             f"--output={logs / 'rank%t.log'}",
             # ranks fill one node after another, as the plan's groups assume (a site's
@@ -108,7 +111,7 @@ def srun_argv(spec: TrialSpec, spec_file: Path, logs: Path, launch: StepLaunch, 
                  f"--container-name={CONTAINER_PREFIX}{job_id}"]
         if launch.container_mounts:
             argv.append(f"--container-mounts={','.join(launch.container_mounts)}")
-    argv += [*launch.srun_args, launch.python, "-u", "-m", "hcp_tune.job.steps", str(spec_file)]
+    argv += [*launch.srun_args, launch.python, "-u", "-m", entry, str(spec_file), *args]
     return argv
 
 
@@ -277,10 +280,13 @@ def _wait(procs: list[subprocess.Popen], deadline: float,
 
 
 def _run_srun(spec: TrialSpec, spec_file: Path, folder: Path, launch: StepLaunch,
-              limit: float, srun_log: Path) -> tuple[bool, bool]:
-    """Run the trial as one srun step; (timed out, step outlived its kill)."""
+              limit: float, srun_log: Path, argv: Optional[list[str]] = None
+              ) -> tuple[bool, bool]:
+    """Run the trial as one srun step (``argv``: another step, from ``srun_argv``);
+    (timed out, step outlived its kill)."""
     job_id = os.environ.get("SLURM_JOB_ID", "0")
-    argv = srun_argv(spec, spec_file, folder, launch, job_id)
+    argv = argv or srun_argv(spec, spec_file, folder, launch, job_id)
+    name = next(a.split("=", 1)[1] for a in argv if a.startswith("--job-name="))
     with open(srun_log, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         timed_out = _wait([proc], time.monotonic() + limit, lambda d: d)
@@ -289,7 +295,7 @@ def _run_srun(spec: TrialSpec, spec_file: Path, folder: Path, launch: StepLaunch
         proc.send_signal(signal.SIGTERM)  # srun forwards it to every task
         if not _wait([proc], time.monotonic() + GRACE_S, lambda d: d):
             return True, False
-        _cancel_step(job_id, step_name(spec))
+        _cancel_step(job_id, name)
         proc.kill()
         proc.wait()
         return True, True

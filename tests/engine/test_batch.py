@@ -1,6 +1,7 @@
 """Batches: several trials in one job's processes (``executor.trials_per_job``), each
-result landing the moment its trial ends; a broken batch's unrun trials rerun in a new job
-(nothing lost, nothing twice), also across a SIGKILL of the orchestrator; early stop and
+result landing the moment its trial ends; a broken batch's unrun trials rerun in new
+processes (a new process set of the kept allocation: nothing lost, nothing twice), also
+across a SIGKILL of the orchestrator; early stop and
 Ctrl-C reach a trial inside a batch; a job ended from outside is ``cancelled`` and measured
 again; the local and SLURM executors store the same statuses and fields."""
 import json
@@ -48,8 +49,14 @@ def test_batch_reuses_groups_and_proof_within_a_layout(tmp_path):
         assert "groups reused from the previous trial in the same processes" in r2.notes
 
 
+def _process_set(res, row) -> tuple[str, str]:
+    """(job, rank 0's pid) of the processes that ran a stored trial (``job.pool``'s note)."""
+    (note,) = [n for n in result_file(res, row).notes if "process set" in n]
+    return row["job_id"], note.rsplit("pid ", 1)[1]
+
+
 @pytest.mark.multiproc
-def test_middle_trial_crashing_its_processes_reruns_the_rest_in_a_new_job(tmp_path):
+def test_middle_trial_crashing_its_processes_reruns_the_rest_in_new_processes(tmp_path):
     res = tmp_path / "results"
     r = hcp("sweep", "cp=2", "seq=[256,512,1024]", *BATCH,
             "executor=local", f"results_dir={res}", fault="kill_rank@512")
@@ -59,7 +66,8 @@ def test_middle_trial_crashing_its_processes_reruns_the_rest_in_a_new_job(tmp_pa
     failed = [x for x in got if x["status"] == "failed"]
     assert {(x["seq"], x["failure_class"]) for x in failed} == {(512, "comm")}
     assert {x["status"] for x in got if x["seq"] != 512} == {"ok"}
-    assert len({x["job_id"] for x in got}) == 3  # each crash sent the rest to a new job
+    assert len({x["job_id"] for x in got}) == 1  # the allocation was kept (keep_allocation)
+    assert len({_process_set(res, x) for x in got}) == 3  # each crash: new processes
 
 
 @pytest.mark.multiproc
@@ -197,18 +205,6 @@ def test_a_peers_root_cause_is_merged_once_for_either_executor(tmp_path):
     assert read_result(spec).error == expected  # merged once, not twice
 
 
-@pytest.mark.multiproc
-def test_repeats_of_a_layout_run_in_different_jobs(tmp_path):
-    res = tmp_path / "results"
-    r = hcp("sweep", "cp=2", "seq=256", *BATCH, "search.repeats=2", "executor=local",
-            f"results_dir={res}")
-    assert r.returncode == 0, r.stdout + r.stderr
-    got = rows(res)
-    assert per_layout(got) == {(256, 1): 2, (256, 2): 2}
-    for a2a in (1, 2):
-        assert len({x["job_id"] for x in got if x["a2a"] == a2a}) == 2
-
-
 def test_recommend_names_the_layouts_a_key_is_missing(tmp_path):
     from helpers import BARE_KEY as KEY
     from helpers import bare_row as row
@@ -230,9 +226,10 @@ def test_recommend_names_the_layouts_a_key_is_missing(tmp_path):
 def test_early_stop_prunes_a_planted_slow_trial_inside_a_batch_and_the_batch_goes_on(tmp_path):
     """The orchestrator's own ``should_prune`` writes the stop file. [1,2] (the ring, first
     in candidate order) is planted slow: 0.2 s before each ring transfer, 10x or more a tiny
-    seq-256 step. Job 1 measures it in full (no best yet), then [2,1]; job 2 (the repeats)
-    starts [1,2] with a best to beat: it is stopped after 3 of its 15 steps (7 s or more
-    left to notice), and [2,1] after it in the same job still completes."""
+    seq-256 step. Batch 1 measures it in full (no best yet), then [2,1]; batch 2 (the
+    repeats, new processes) starts [1,2] with a best to beat: it is stopped after 3 of its
+    15 steps (7 s or more left to notice), and [2,1] after it in the same processes still
+    completes."""
     res = tmp_path / "results"
     r = subprocess.run(
         [sys.executable, "-m", "hcp_tune", "sweep", "cp=2", "seq=256", *TINY,
@@ -251,8 +248,9 @@ def test_early_stop_prunes_a_planted_slow_trial_inside_a_batch_and_the_batch_goe
     assert 3 <= slow["steps"] < 15 and slow["error"].startswith("stopped early: fastest of")
     stop = res / "trials" / f"{slow['trial_id']}.stop"
     assert stop.read_text() == slow["error"]  # written by the orchestrator, read by the job
-    same_job = [x for x in got if x["job_id"] == slow["job_id"] and x is not slow]
-    assert [(x["a2a"], x["status"], x["steps"]) for x in same_job] == [(2, "ok", 15)]
+    same = [x for x in got
+            if _process_set(res, x) == _process_set(res, slow) and x is not slow]
+    assert [(x["a2a"], x["status"], x["steps"]) for x in same] == [(2, "ok", 15)]
 
 
 def test_an_adaptive_plan_states_the_most_its_rounds_can_cost():

@@ -53,4 +53,5 @@ def test_sweep_hands_both_executors_the_same_payload():
     for name in ("local", "slurm"):
         sweeper = Sweeper.__new__(Sweeper)
         sweeper.executor_name, sweeper.steps = name, False  # executor.batch=processes
+        sweeper.keep = False  # keep_allocation=false; the pool: tests/engine/test_sweep_pool.py
         assert sweeper._args(specs) == (batch_payload, specs)
