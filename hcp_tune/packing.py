@@ -184,6 +184,19 @@ def pack(mix: LengthMix, seq: int, cp: int, sequences: int = 1, seed: int = DRAW
     return bins[:sequences]
 
 
+def typical(mix: LengthMix, seq: int, cp: int, sequences: int = 1, pool: int = 32
+            ) -> list[list[int]]:
+    """The ``sequences`` packed sequences a trial times: of ``pool`` drawn (``pack``), those
+    whose attention work (``sum(d^2)``) is nearest the pool's median, in the order drawn.
+    One draw alone can be far from the mix (two long documents, or many short ones); every
+    layout of a key times the same ones."""
+    seqs = pack(mix, seq, cp, max(pool, sequences))
+    work = [sum(d * d for d in s) for s in seqs]
+    mid = statistics.median(work)
+    chosen = sorted(sorted(range(len(seqs)), key=lambda i: (abs(work[i] - mid), i))[:sequences])
+    return [seqs[i] for i in chosen]
+
+
 @dataclass(frozen=True)
 class MixSummary:
     """What a mix means for one packed length and CP: printed by ``plan``."""

@@ -52,3 +52,14 @@ def test_each_rank_holds_chunks_r_and_2cp_minus_1_minus_r_of_every_document():
     assert rank_ranges(docs, cp, 0) == [(0, 3), (9, 12), (12, 20), (36, 44)]
     held = sorted(r for rank in range(cp) for r in rank_ranges(docs, cp, rank))
     assert sum(e - s for s, e in held) == 44  # the whole padded stream, once
+
+
+def test_a_trial_times_the_draws_nearest_the_mixs_median_work():
+    mix = load_mix("web", 8192)
+    pool = pack(mix, 8192, 4, 32)
+    work = sorted(sum(d * d for d in s) for s in pool)
+    chosen = packing.typical(mix, 8192, 4, sequences=1)
+    assert len(chosen) == 1 and chosen[0] in pool
+    got = sum(d * d for d in chosen[0])
+    assert work[12] <= got <= work[19]  # within the middle of the pool's work
+    assert packing.typical(mix, 8192, 4, sequences=3) == packing.typical(mix, 8192, 4, 3)

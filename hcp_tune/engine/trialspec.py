@@ -1,6 +1,6 @@
 """The TrialSpec a sweep hands a job for one candidate: ``trials.spec_for``'s layout, model
-and files, plus what the data asks for (packed sequences: the documents of each sequence,
-drawn once per key from its length mix, the same for every layout of it).
+and files, plus what the data asks for (packed sequences: the documents of each sequence, the typical
+ones of a draw from the key's length mix, ``packing.typical``; the same for every layout).
 
 Every caller builds specs here, so a packed key's trials never run unpacked. (``trials.py``
 stays as the ranking rule was frozen with: benchmarks/synthetic_loop.py RULE_FILES.)
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hcp_tune.config import SweepConfig
 from hcp_tune.engine import trials
-from hcp_tune.packing import pack
+from hcp_tune.packing import typical
 from hcp_tune.space.layout import Candidate
 from hcp_tune.spec import TrialSpec
 
@@ -24,4 +24,4 @@ def spec_for(cfg: SweepConfig, cand: Candidate, trial_id: str, progress_dir: Pat
     if mix is None:
         return spec
     return dataclasses.replace(spec, packing="thd", mix=mix.label,
-                               packed_docs=pack(mix, cand.seq, cand.layout.cp, cfg.mbs))
+                               packed_docs=typical(mix, cand.seq, cand.layout.cp, cfg.mbs))
