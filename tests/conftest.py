@@ -174,3 +174,26 @@ def postgres_db(postgres_server):
     yield postgres_server.replace("/hcp?", f"/{name}?", 1)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# ---------------------------------------------------------------- two workers (pytest-xdist)
+# scripts/test.sh runs the suite in two worker processes (``-n 2 --dist loadgroup``): much
+# of a test's time is spent waiting on SLURM, on process start-up and on subprocesses, so a
+# second worker fills those waits. Every test gets a group, and a group runs in one worker:
+# the tests that use the local SLURM node are one group (one after the other, as alone:
+# some read its free slots), the PostgreSQL ones another, those sharing the session's
+# ``batch`` runs a third, and every other test stays with its file's tests (module
+# fixtures run once). Without xdist the mark is inert.
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if "slurm_cluster" in names or item.get_closest_marker("slurm"):
+            group = "slurm"
+        elif names & {"postgres_server", "postgres_db"} or item.get_closest_marker("postgres"):
+            group = "postgres"
+        elif "batch" in names:
+            group = "batch"
+        else:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
