@@ -70,7 +70,7 @@ from hcp_tune.merge import rank_out_path
 from hcp_tune.spec import Status, TrialResult, TrialSpec, atomic_write_text, spec_from_json, to_json
 
 POOL_IDLE_S = 60.0  # a driver left this long without a next batch or an end returns
-POLL_S = 0.05  # how often the driver looks for its next batch (a file test: cheap)
+POLL_S = 0.05  # how often the driver looks at its ranks and for its next batch (cheap)
 # what a forked rank would import first: torch, Megatron-Core's groups, the trial's modules
 WARM = ("torch", "torch.distributed", "megatron.core.parallel_state", "hcp_tune.job.trial",
         "hcp_tune.job.bench", "hcp_tune.job.attention.verify",
@@ -137,7 +137,8 @@ def run_pool(first: list[TrialSpec], root: str | Path, launch: Optional[StepLaun
     files = PoolFiles(Path(root).resolve())
     files.event("start")
     job = _job_id()
-    signal.signal(signal.SIGTERM, _ending)  # (submitit's own handler ignores SIGTERM)
+    if threading.current_thread() is threading.main_thread():  # (submitit's ignores it)
+        signal.signal(signal.SIGTERM, _ending)
     ran: list[TrialSpec] = []
     try:
         if fork:
@@ -241,7 +242,7 @@ def run_set(specs: list[TrialSpec], files: PoolFiles, n: int, launch: Optional[S
         procs = (_fork_ranks(specs, folder, n, job) if fork
                  else _exec_ranks(spec_file, folder, world, n, job))
         try:
-            timed_out = _wait(procs, time.monotonic() + limit, _shorten(procs, comm))
+            timed_out = _wait(procs, time.monotonic() + limit, _shorten(procs, comm), POLL_S)
         finally:  # also when the job is cancelled: no rank outlives the driver
             _kill_all(procs)
         codes = [p.returncode for p in procs]

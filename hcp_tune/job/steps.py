@@ -267,7 +267,7 @@ def _srun_error(log: Optional[Path]) -> Optional[str]:
 
 
 def _wait(procs: list[subprocess.Popen], deadline: float,
-          shorten: Callable[[float], float]) -> bool:
+          shorten: Callable[[float], float], poll_s: float = POLL_S) -> bool:
     """Poll until every process ended or the deadline (which ``shorten`` may bring
     forward) passed; True when it passed."""
     while any(p.poll() is None for p in procs):
@@ -275,7 +275,7 @@ def _wait(procs: list[subprocess.Popen], deadline: float,
         deadline = shorten(deadline)
         if now > deadline:
             return True
-        time.sleep(POLL_S)  # polling cadence, not synchronisation
+        time.sleep(poll_s)  # polling cadence, not synchronisation
     return False
 
 
