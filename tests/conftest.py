@@ -118,6 +118,11 @@ def pytest_configure(config):
 
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(config, "workerinput"):  # an xdist worker: its bootstrap exports COLUMNS=80
+        # (and LINES), which the CLI's prose would wrap at (outputs/ui.py piped_width); the
+        # tests expect what a single process gives them: no COLUMNS unless a test sets it
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
 
 
 @pytest.fixture

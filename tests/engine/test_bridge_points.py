@@ -244,7 +244,8 @@ def test_a_bridge_sweep_runs_the_first_run_and_its_failure_ends_the_trial(tmp_pa
     r = hcp("sweep", "runner=bridge", "cluster=local", "model=tiny", "cp=2", "seq=256",
             f"gbs={USER_M}", "executor=local", f"results_dir={tmp_path}")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "by 3 Bridge runs, at m=1, 2 and 3 micro-batches" in r.stderr
+    # prose wraps at the width, and where depends on the paths it names: match joined text
+    assert "by 3 Bridge runs, at m=1, 2 and 3 micro-batches" in " ".join(r.stderr.split())
     assert "2 trial(s) (6 runs)" in r.stdout
     (row,) = rows(tmp_path)
     assert (row["status"], row["failure_class"]) == ("failed", "environment")
