@@ -201,7 +201,7 @@ every sweep ran before) in the same run, and against the earlier commit's run qu
 the end. The target (issue 39: wall <= 1.5x the measured steps) is not reached on this
 box, and the breakdown says where the rest goes: the warm-up step of each trial is part of
 what a trial measures (1 warm-up for 3 measured steps is 1.33x before anything else), and
-the imports of torch and Megatron-Core, paid once per sweep now, take 5-6 s in one process
+the imports of torch and Megatron-Core, paid once per sweep now, take 4-6 s in one process
 on this box when it is quiet (more under load), about half of the exhaustive sweep's
 measured steps. The exhaustive
 sweep is one batch, so it pays them as before (one process imports where both ranks
