@@ -13,11 +13,11 @@ if [[ ${1:-} == quick ]]; then
     export HCP_TUNE_QUICK=1  # a test that still asks for the SLURM cluster skips
     set -- -m "not slurm and not wheel and not readme and not multiproc" "$@"
 fi
-# Two worker processes (pytest-xdist, --dist loadgroup): a test spends much of its time
-# waiting (on SLURM, on process start-up, on its subprocesses), and the second worker fills
-# those waits. tests/conftest.py groups the tests that share the SLURM node, the PostgreSQL
-# server or a session's batches into one worker each. HCP_TUNE_WORKERS=0: one process.
-WORKERS=${HCP_TUNE_WORKERS:-2}
+# HCP_TUNE_WORKERS=2: two worker processes (pytest-xdist, --dist loadgroup), filling the
+# time a test waits on SLURM, process start-up and subprocesses; tests/conftest.py keeps
+# the tests that share the SLURM node, the PostgreSQL server or a session's batches in one
+# worker each. Default 0 (one process, what CI runs) until a clean CI run shows it pays.
+WORKERS=${HCP_TUNE_WORKERS:-0}
 XDIST=()
 [[ $WORKERS == 0 ]] || XDIST=(-n "$WORKERS" --dist loadgroup)
 "${HCP_TUNE_VENV:-.venv}/bin/python" -m pytest -q "${XDIST[@]}" "$@"
