@@ -366,7 +366,8 @@ def print_recommendation(rec: dict[str, Any], overrides: list[str], python: list
     out = console()
     out.print(escape(
         f"recommend: {rec['cluster']} {rec['model']} tp={rec['tp']} cp={rec['cp']} seq={rec['seq']} "
-        f"env_tag={rec['env_tag']}{recommend.runner_label(rec)}: [{rec['a2a']},{rec['p2p']}] "
+        + (f"packed mix={rec['mix']} " if isinstance(rec.get("mix"), str) and rec["mix"] else "")
+        + f"env_tag={rec['env_tag']}{recommend.runner_label(rec)}: [{rec['a2a']},{rec['p2p']}] "
         f"{rec['comm_type']}, "
         f"{recommend.figure_text(rec)}"))
     for line in recommend.verdict_lines(rec, results_dir):
