@@ -108,8 +108,10 @@ def test_reference_on_one_rank_is_per_document_attention_forward_and_backward():
         t.grad = None
     ref = per_document_attention(q, k, v, s)
     ref.backward(dout)
-    assert verify.rel_err(out, ref) < 1e-12
-    assert all(verify.rel_err(a, b.grad) < 1e-12 for a, b in zip(grads, (q, k, v)))
+    # float64: the two sum in different orders (and torch's threads split reductions by the
+    # load), so agreement is to about 1e-10, not to the last bit; a wrong mask is ~1e-1
+    assert verify.rel_err(out, ref) < 1e-8
+    assert all(verify.rel_err(a, b.grad) < 1e-8 for a, b in zip(grads, (q, k, v)))
     pad = torch.ones(s.tokens, dtype=torch.bool)
     pad[s.valid] = False
     assert not out[:, pad].any() and not grads[1][:, pad].any()  # padding: no output, no grad
