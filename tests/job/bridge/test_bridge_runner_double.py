@@ -257,6 +257,11 @@ def test_a2a_p2p_with_tp_or_pp_is_proven_and_measured(ran8, name, tp, pp, m):
     assert res.fingerprint["nccl_transport"] == (["P2P/CUMEM"] if name == "tp2" else None)
 
 
+def _packed_params_have_pad_between_seqs() -> bool:
+    from megatron.core.packed_seq_params import PackedSeqParams
+    return "pad_between_seqs" in {f.name for f in dataclasses.fields(PackedSeqParams)}
+
+
 @pytest.mark.multiproc
 @pytest.mark.parametrize("name", ["packed", "packed_p2p"])
 def test_a_packed_trial_proves_thd_and_cp_in_its_first_forwards(ran, name):
@@ -267,9 +272,11 @@ def test_a_packed_trial_proves_thd_and_cp_in_its_first_forwards(ran, name):
     assert thd["modules"] == 2 * WORLD and thd["qkv_format"] == ["thd"]  # every module, rank
     assert thd["documents"] == ["4"]  # three documents and the tail entry (Bridge's packer)
     assert thd["padded_is_unpadded"] == ["False"]  # Bridge's separate padded tensor
-    # Megatron-Core 0.16.1 (this venv) has no PackedSeqParams.pad_between_seqs to fill
-    assert res.fingerprint["packed"] == {"pad_between_seqs": ["None"],
-                                         "pad_between_seqs_set_here": False,
+    # Megatron-Core 0.16.1 (the 3.11 lane) has no PackedSeqParams.pad_between_seqs, so it
+    # stays None; 0.17 on (the 3.12 lane's 0.19, the container's) has it, and the probe fills True
+    filled = _packed_params_have_pad_between_seqs()
+    assert res.fingerprint["packed"] == {"pad_between_seqs": [str(True if filled else None)],
+                                         "pad_between_seqs_set_here": filled,
                                          "padded_is_unpadded": ["False"]}
     seen = json.loads((ran["_tmp"] / f"{name}.double.rank0.json").read_text())
     assert seen["packed_batches"] == 3  # one packed sequence per micro-batch, 3 steps
