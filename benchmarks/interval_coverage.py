@@ -30,7 +30,7 @@ from decision_cost import regimes  # noqa: E402
 from rates import rate  # noqa: E402
 from stamp import write_simulation  # noqa: E402
 
-from hcp_tune.engine import verdict  # noqa: E402
+from hcp_tune.stats import verdict  # noqa: E402
 
 
 def coverage(truth: dict, keys: int, n: int, seed: int) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -44,7 +44,7 @@ def sweep(args: argparse.Namespace, mix: str | None) -> tuple[int, float]:
 def key_report(store, cfg_args: list[str]) -> dict:
     """The key's rows, figures and verdict, as the sweep ranked them."""
     from hcp_tune import config, packing
-    from hcp_tune.engine import verdict
+    from hcp_tune.stats import verdict
     from hcp_tune.engine.sweep_plan import key_at
 
     cfg = config.load(cfg_args)
@@ -82,8 +82,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS-packed-study.md"))
     args = ap.parse_args()
     from hcp_tune.engine.error_rates import AGREEMENT, SETTLED_ERROR
-    from hcp_tune.engine.store import ResultStore
-    from hcp_tune.engine.verdict import summary
+    from hcp_tune.store.folder import ResultStore
+    from hcp_tune.stats.verdict import summary
 
     runs = {}
     for mix in [None, *args.mixes]:

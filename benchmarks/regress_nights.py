@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,12 +31,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from hcp_tune.engine import synthetic  # noqa: E402
 from hcp_tune.outputs.regress import Options, compare  # noqa: E402
 from hcp_tune.outputs.regress.plan import run_order  # noqa: E402
+from frozen import changed_since as rule_changes  # noqa: E402
 
 FROZEN_AT = "dd883d9"  # the rule of issue 36 part 3 (first frozen at 963b5fb; re-frozen after
 # the shared moderation changed under it at ace6239: git log -1 cb6d986; and at dd883d9 for a
 # case outside these nights, a paired run of one key's 4 layouts, found by running it)
 RULE_FILES = ("hcp_tune/outputs/regress/stats.py", "hcp_tune/outputs/regress/model.py",
-              "hcp_tune/outputs/regress/spread.py", "hcp_tune/engine/shrinkage.py",
+              "hcp_tune/outputs/regress/spread.py", "hcp_tune/stats/shrinkage.py",
               "hcp_tune/config/cluster.py", "conf/cluster/dgx-h100.yaml")
 SEQS = (8192, 16384, 32768, 65536)
 CPS = (8, 16, 32)
@@ -52,11 +52,9 @@ def frozen() -> tuple[bool, str]:
     """(no rule file changed since FROZEN_AT, the reason when one did)."""
     if FROZEN_AT == "UNFROZEN":
         return False, "the rule is not frozen (FROZEN_AT unset)"
-    got = subprocess.run(["git", "-C", str(REPO), "diff", "--name-only", FROZEN_AT, "--",
-                          *RULE_FILES], capture_output=True, text=True)
-    if got.returncode != 0:
-        return False, f"git diff {FROZEN_AT} failed: {got.stderr.strip()}"
-    changed = got.stdout.split()
+    changed = rule_changes(FROZEN_AT, RULE_FILES)  # code compared, a moved file followed
+    if changed is None:
+        return False, f"freeze commit {FROZEN_AT} not found"
     return not changed, f"changed since {FROZEN_AT}: {', '.join(changed)}" if changed else ""
 
 

@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--results-dir", default="/tmp/hcp-regress-pool")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
 
     results = Path(args.results_dir)
     env = {k: v for k, v in os.environ.items() if k != "HCP_TUNE_INJECT_DELAY"}

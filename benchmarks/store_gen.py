@@ -12,7 +12,7 @@ memory and step times are a deterministic function of (key, trial number).
   ``ResultStore.add`` -> ``tell`` (10-30 ms a trial: half an hour for 100,000).
 - ``write_bulk``: the same row files, and the same journal operations written to each
   key's journal (``journals/<slug>.journal``) in one write (no optuna call per trial). A test
-  (tests/engine/test_store_gen.py) shows that at small N the two folders read the same
+  (tests/store/test_store_gen.py) shows that at small N the two folders read the same
   rows, trials, recommendations and Pareto fronts, byte for byte after a rebuild, and that
   each key's journal holds the same operations but for times and writer ids.
 
@@ -25,9 +25,9 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from hcp_tune.engine.records import row_text
-from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
-from hcp_tune.engine.tuner import METRIC_NAMES, ORCHESTRATOR, row_attrs, state_of
+from hcp_tune.store.records import row_text
+from hcp_tune.store.folder import ResultStore, SweepKey, trial_row
+from hcp_tune.store.studies import METRIC_NAMES, ORCHESTRATOR, row_attrs, state_of
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 CP = 8
@@ -114,7 +114,7 @@ def trials(key: SweepKey, n: int) -> Iterator[tuple[int, int, dict[str, Any]]]:
 def write_real(root: Path, key_list: list[SweepKey], trials_per_key: int,
                storage: Any = None) -> None:
     """Through the sweep's write path: ask -> submitted -> row file -> tell, per trial."""
-    from hcp_tune.engine.tuner import LayoutStudy
+    from hcp_tune.store.studies import LayoutStudy
 
     store = ResultStore(root)
     storage = store.ledger(storage)
@@ -137,7 +137,8 @@ def _key_ops(key: SweepKey, study_id: int, first_trial: int,
              trials_per_key: int) -> Iterator[str]:
     """The journal lines ``write_real`` makes optuna append for one key (optuna's journal
     operations: create study, set its metric names; per trial: create (enqueued), start,
-    set the a2a parameter, the ask's (its orchestrator: this process) and submit's attributes, the row's attributes, end)."""
+    set the a2a parameter, the ask's (its orchestrator: this process, also on the enqueued
+    trial) and submit's attributes, the row's attributes, end)."""
     from optuna.distributions import CategoricalDistribution, distribution_to_json
 
     kept = kept_a2a(key.tp)
@@ -147,14 +148,13 @@ def _key_ops(key: SweepKey, study_id: int, first_trial: int,
     for number, a2a, row in trials(key, trials_per_key):
         tid = first_trial + number
         yield _op(4, study_id=study_id, datetime_start=None, state=4, value=None, values=None,
-                  distributions={}, params={}, user_attrs={},
+                  distributions={}, params={}, user_attrs={"orchestrator": ORCHESTRATOR},
                   system_attrs={"fixed_params": {"a2a": a2a}}, intermediate_values={})
         yield _op(6, trial_id=tid, state=0, values=None, datetime_start=BULK_TIME)
         yield _op(5, trial_id=tid, param_name="a2a", param_value_internal=kept.index(a2a),
                   distribution=dist)
         for k, v in (("trial_id", row["trial_id"]), ("orchestrator", ORCHESTRATOR),
-                     ("job_id", row["job_id"]),
-                     ("executor", "slurm"), ("folder", JOBS_FOLDER),
+                     ("executor", "slurm"), ("folder", JOBS_FOLDER), ("job_id", row["job_id"]),
                      *row_attrs(row).items()):
             yield _op(8, trial_id=tid, user_attr={k: v})
         state, values = state_of(row)

@@ -79,8 +79,8 @@ def fill(url: str, key_list: list, per_key: int) -> None:
     import psycopg
     from optuna.distributions import CategoricalDistribution, distribution_to_json
 
-    from hcp_tune.engine import rdb
-    from hcp_tune.engine.tuner import METRIC_NAMES, ORCHESTRATOR, row_attrs, state_of
+    from hcp_tune.store import rdb
+    from hcp_tune.store.studies import METRIC_NAMES, ORCHESTRATOR, row_attrs, state_of
 
     rdb.open_storage(url).engine.dispose()  # optuna's tables
     t = store_gen.BULK_TIME.replace("T", " ")[:26]
@@ -136,14 +136,14 @@ def build_view(folder: Path, url: str, key_list: list, per_key: int) -> None:
     generated rows without reading them back (at 100,000 trials the real first sync writes
     100,000 row files with an fsync each: tens of minutes on a shared 2-core machine): row
     files, then the tables and their index through the store's own writer, with each key's
-    Pareto front from ``tuner.pareto_layouts`` over the same states and values. Checked
+    Pareto front from ``studies.pareto_layouts`` over the same states and values. Checked
     against a real sync at a small N (``check_fill``)."""
     from types import SimpleNamespace
 
-    from hcp_tune.engine import rdb, store as store_mod
-    from hcp_tune.engine.records import TrialRow, row_text
-    from hcp_tune.engine.tables import table_entry
-    from hcp_tune.engine.tuner import pareto_layouts, row_attrs, state_of
+    from hcp_tune.store import rdb, folder as store_mod
+    from hcp_tune.store.records import TrialRow, row_text
+    from hcp_tune.store.tables import table_entry
+    from hcp_tune.store.studies import pareto_layouts, row_attrs, state_of
 
     store = store_mod.ResultStore(folder)
     entries = {}
@@ -177,8 +177,8 @@ def build_view(folder: Path, url: str, key_list: list, per_key: int) -> None:
 def check_fill(base: str) -> str:
     """At a small N: the bulk fill and the sweep's write path give the same rows, and
     folders synced from each the same tables."""
-    from hcp_tune.engine import tuner
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store import studies
+    from hcp_tune.store.folder import ResultStore
 
     key_list = store_gen.keys(2, 3)
     real, bulk = new_db(base), new_db(base)
@@ -186,7 +186,7 @@ def check_fill(base: str) -> str:
     try:
         store_gen.write_real(tmp / "writer", key_list, 10, storage=real)
         fill(bulk, key_list, 10)
-        a, b = (tuner.Ledger(tuner.open_storage(u)).rows() for u in (real, bulk))
+        a, b = (studies.Ledger(studies.open_storage(u)).rows() for u in (real, bulk))
         assert a == b, "the bulk fill's rows differ from the write path's"
         for name, url in (("a", real), ("b", bulk)):
             ResultStore(tmp / name, url).rebuild()

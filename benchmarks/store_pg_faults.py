@@ -27,14 +27,14 @@ WRITER = """
 import sys, json
 sys.path.insert(0, {bench!r})
 import store_gen
-from hcp_tune.engine import tuner
-from hcp_tune.engine.store import ResultStore
+from hcp_tune.store import studies
+from hcp_tune.store.folder import ResultStore
 from hcp_tune.errors import HcpError
 url, folder, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 key = store_gen.key_of(0, 0)
 store = ResultStore(folder)
 try:
-    study = tuner.LayoutStudy(store.ledger(url), key.name, store_gen.kept_a2a(key.tp))
+    study = studies.LayoutStudy(store.ledger(url), key.name, store_gen.kept_a2a(key.tp))
     for i in range(n):
         number, trial_id, a2a = study.ask(2, "writer-" + folder.rsplit("/", 1)[-1])
         row = store_gen.synthetic_row(key, 10**6 + i, a2a)
@@ -66,9 +66,9 @@ def wait_told(proc: subprocess.Popen, k: int) -> list[str]:
 
 
 def count_in_db(url: str, prefix: str) -> int:
-    from hcp_tune.engine import tuner
+    from hcp_tune.store import studies
 
-    rows = tuner.Ledger(tuner.open_storage(url)).rows([store_gen.key_of(0, 0).name])
+    rows = studies.Ledger(studies.open_storage(url)).rows([store_gen.key_of(0, 0).name])
     return sum(1 for (_, tid) in rows if tid.startswith(prefix))  # (the writers' key)
 
 

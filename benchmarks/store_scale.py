@@ -1,7 +1,7 @@
 """How the commands scale with the results folder: a nightly regression store of N trials.
 
 Builds folders with ``store_gen.write_bulk`` (the sweep's own write path would take half
-an hour per 100,000 trials; tests/engine/test_store_gen.py shows the bulk folder equals the
+an hour per 100,000 trials; tests/store/test_store_gen.py shows the bulk folder equals the
 real one) in two shapes, ``many`` (50 keys a night, 25 trials a key: N/25 keys) and ``few``
 (25 keys a night over two nights: N/50 trials a key), and times, each in a fresh process
 (wall clock from the process's start, peak resident memory from ``wait4``):
@@ -78,8 +78,8 @@ def child(op: str, root: Path, nights: int, keys_per_night: int) -> dict:
     t0 = time.perf_counter()
     out: dict = {}
     if op == "open":
-        from hcp_tune.engine.store import ResultStore
-        from hcp_tune.engine.tuner import Ledger
+        from hcp_tune.store.folder import ResultStore
+        from hcp_tune.store.studies import Ledger
 
         ledger = Ledger(ResultStore(root).ledger())
         names = ledger.names()
@@ -123,12 +123,12 @@ def child(op: str, root: Path, nights: int, keys_per_night: int) -> dict:
         out["keys"], out["jobs"] = len(plan.kept), len(sweeper.running)
         dispatch.cancel([r.handle for r in sweeper.running])
     elif op == "rebuild_all":
-        from hcp_tune.engine.store import ResultStore
+        from hcp_tune.store.folder import ResultStore
 
         ResultStore(root).rebuild()
     elif op == "sweep24":
-        from hcp_tune.engine.store import ResultStore, SweepKey
-        from hcp_tune.engine.tuner import LayoutStudy
+        from hcp_tune.store.folder import ResultStore, SweepKey
+        from hcp_tune.store.studies import LayoutStudy
         from hcp_tune.spec import Status
 
         key = SweepKey("local", "tiny", 1, store_gen.CP, 4096, "attention", "nightly-new")

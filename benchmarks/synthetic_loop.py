@@ -17,7 +17,6 @@ import contextlib
 import io
 import json
 import math
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,10 +27,13 @@ sys.path.insert(0, str(REPO))
 
 from hcp_tune import cli  # noqa: E402
 from hcp_tune.engine import synthetic  # noqa: E402
-from hcp_tune.engine.store import ResultStore  # noqa: E402
+from hcp_tune.store.folder import ResultStore  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from frozen import changed_since as rule_changes  # noqa: E402
 
 # The ranking's rule: what decides a verdict, an adaptive round or an early stop.
-RULE_FILES = ["hcp_tune/engine/verdict.py", "hcp_tune/engine/shrinkage.py",
+RULE_FILES = ["hcp_tune/stats/verdict.py", "hcp_tune/stats/shrinkage.py",
               "hcp_tune/engine/sweep_adaptive.py", "hcp_tune/engine/trials.py",
               "conf/search/default.yaml"]
 FROZEN_AT = "ace62397c3"  # the ranking's rule frozen here, before any held-out run
@@ -41,16 +43,16 @@ LAYOUTS = (1, 2, 4, 8)
 
 
 def held_out_status(frozen: Optional[str] = FROZEN_AT) -> str:
-    """'held out (rule frozen at X)' when no rule file changed since ``frozen``; else why
-    the figures are not held-out."""
+    """'held out (rule frozen at X)' when no rule file's code changed since ``frozen``
+    (``frozen.changed_since``: a file moved since, or its imports' module paths, is not a
+    change); else why the figures are not held-out."""
     if not frozen:
         return "NOT held-out: no freeze commit recorded (a development run)"
-    diff = subprocess.run(["git", "-C", str(REPO), "diff", "--stat", frozen, "--", *RULE_FILES],
-                          capture_output=True, text=True)
-    if diff.returncode != 0:
+    changed = rule_changes(frozen, RULE_FILES)
+    if changed is None:
         return f"NOT held-out: freeze commit {frozen} not found"
-    if diff.stdout.strip():
-        return f"NOT held-out: rule files changed since the freeze at {frozen}"
+    if changed:
+        return f"NOT held-out: rule files changed since the freeze at {frozen}: {', '.join(changed)}"
     return f"held out: rule files unchanged since the freeze at {frozen}"
 
 

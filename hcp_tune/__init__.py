@@ -10,8 +10,11 @@ in this list, and the contract):
   space/      the layout space: layouts and rank groups, validate, plan
   costmodel/  predicted step time and memory: formulas, calibration, agreement with
               published tables, the predicted ranking, the memory fit advice
-  engine/     the sweep: its plan (pure), dispatch (submitit), the ledger (optuna), the
-              results store, the budget estimate, two-stage sweeps
+  stats/      the ranking's statistics: figures, verdicts, the moderated spreads (pure)
+  store/      the results store: the ledger (optuna studies), row files, the tables, the
+              folder's lock, a team's database, housekeeping
+  engine/     the sweep: its plan (pure), dispatch (submitit), what to measure again, the
+              budget estimate, two-stage sweeps
   outputs/    terminal tables, recommend, report, regress, HTML and SVG
   cli.py, gpucheck/   the commands, on top
 

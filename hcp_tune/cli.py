@@ -89,7 +89,7 @@ def cmd_predict(args: list[str]) -> int:
 def _measured_first(cfg, pred: dict) -> list[str]:
     """What the results folder measured for the predicted keys, one line a key, and where
     it contradicts the prediction (a settled measured best the model ranks elsewhere)."""
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
     from hcp_tune.outputs import recommend
 
     lines = []
@@ -182,7 +182,7 @@ def cmd_sweep(args: list[str]) -> int:
 
         synthetic.check_sweep(cfg)
     if runner != "model":  # it will write there: say so now, not after a job ran
-        from hcp_tune.engine import rdb
+        from hcp_tune.store import rdb
 
         rdb.check(cfg.search.storage)  # a database that refuses us: one line, nothing written
         config.writable_dir(cfg.results_dir)
@@ -259,7 +259,7 @@ def _mix_label(cfg, seq: int) -> str:
 
 def cmd_recommend(args: list[str]) -> int:
     from hcp_tune import config
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
     from hcp_tune.outputs import cluster_table, recommend
 
     if cluster_table.is_listing(args):  # no key asked: every key of the cluster
@@ -283,7 +283,7 @@ def cmd_recommend(args: list[str]) -> int:
         print(f"recommend: read env_tag={rec['env_tag']} (the most measured); this key was "
               f"measured under {', '.join(tags)}: env_tag=NAME picks one", file=sys.stderr)
     if rec:  # a row measured with HCP_TUNE_INJECT_DELAY is a test, never a recommendation
-        from hcp_tune.engine.store import SweepKey
+        from hcp_tune.store.folder import SweepKey
         from hcp_tune.outputs.regress import injected_warnings
 
         rows = store.key_rows(SweepKey.of(rec))

@@ -31,7 +31,7 @@ from typing import Any, Iterable, Optional
 
 import pandas as pd
 
-from hcp_tune.engine.records import KEY_FIELDS, Recommendation, TrialRow
+from hcp_tune.store.records import KEY_FIELDS, Recommendation, TrialRow
 from hcp_tune.errors import HcpError
 
 __all__ = ["ResultsError", "Results", "folder", "KEY_FILTERS"]
@@ -55,8 +55,8 @@ class Results:
     """A results folder, read as DataFrames (the module's docstring says how)."""
 
     def __init__(self, path: str | Path = "results", storage: Optional[str] = None) -> None:
-        from hcp_tune.engine import rdb
-        from hcp_tune.engine.store import ResultStore
+        from hcp_tune.store import rdb
+        from hcp_tune.store.folder import ResultStore
 
         self.path = Path(path).expanduser().resolve()
         if storage is None and not self.path.is_dir():
@@ -162,9 +162,9 @@ class Results:
     # ---------------------------------------------------------------- internals
     def _times(self) -> dict[str, tuple[Any, Any]]:
         """trial_id -> (datetime_start, datetime_complete) from the ledger's trials."""
-        from hcp_tune.engine import tuner
+        from hcp_tune.store import studies
 
-        ledger = tuner.Ledger(self._store.ledger(self.storage))
+        ledger = studies.Ledger(self._store.ledger(self.storage))
         out: dict[str, tuple[Any, Any]] = {}
         for name in ledger.names():
             for t in ledger.study(name).get_trials(deepcopy=False):

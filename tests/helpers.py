@@ -27,7 +27,7 @@ import yaml
 
 from hcp_tune.config.cluster import cluster_from_mapping
 from hcp_tune.config.model import model_from_mapping
-from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
+from hcp_tune.store.folder import ResultStore, SweepKey, trial_row
 from hcp_tune.space.layout import Candidate, Layout, enumerate_layouts, rank_groups
 from hcp_tune.spec import Status, TrialResult, TrialSpec, result_from_json
 

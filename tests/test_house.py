@@ -13,7 +13,8 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "hcp_tune"
 
 # The orchestrator's layers, lowest first; a module may import its own layer and those below.
-LAYERS = ("contract", "upstream", "config", "space", "costmodel", "engine", "outputs", "top")
+LAYERS = ("contract", "upstream", "config", "space", "costmodel", "stats", "store", "engine",
+          "outputs", "top")
 CONTRACT = {"hcp_tune", "hcp_tune.spec", "hcp_tune.errors", "hcp_tune.noise", "hcp_tune.flops",
             "hcp_tune.merge", "hcp_tune.redact", "hcp_tune.packing"}
 TOP = {"hcp_tune.cli", "hcp_tune.__main__", "hcp_tune.calibrate", "hcp_tune.results"}

@@ -119,7 +119,7 @@ def test_a_sweep_that_measured_nothing_exits_1_and_stored_failures_can_be_retrie
 
 
 def test_keys_left_without_a_measurement_are_named_when_others_were_measured():
-    from hcp_tune.engine.store import SweepKey
+    from hcp_tune.store.folder import SweepKey
     from hcp_tune.engine.sweep import SweepSummary
     from hcp_tune.outputs.ui import unmeasured_lines as _unmeasured_lines
 

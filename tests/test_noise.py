@@ -4,7 +4,7 @@ import math
 import pytest
 
 from hcp_tune import noise
-from hcp_tune.engine.store import recommendations
+from hcp_tune.store.folder import recommendations
 from hcp_tune.engine.trials import should_prune
 
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from hcp_tune import config
-from hcp_tune.engine import housekeeping
-from hcp_tune.engine.store import ResultStore
+from hcp_tune.store import housekeeping
+from hcp_tune.store.folder import ResultStore
 from hcp_tune.errors import ConfigError
 from hcp_tune.redact import redact
 

@@ -4,7 +4,7 @@ ace6239): the figures every printed verdict states. One row per noise regime in
 benchmarks/RESULTS-decision-cost.md (log-normal 1-3%, Student-t(3) tails, bimodal, a 5%
 layout beside 1% ones as the best and as a rival, drift, layouts within 2-4%, exactly
 equal ones, a per-layout session effect); a verdict prints the worst regime's rate, and
-docs/guides/ranking.md lists every regime's. ``tests/engine/test_verdict.py`` fails when
+docs/guides/ranking.md lists every regime's. ``tests/stats/test_verdict.py`` fails when
 a RESULTS file moves without these."""
 
 # the worst held-out regime's rate of each verdict kind being wrong, of keys

@@ -1,7 +1,7 @@
 """``sweep``: measure the kept layouts of every sweep key until each key's ranking is
 settled or a tie (or every layout has ``search.repeats`` trials), and rank them.
 
-The loop: for each key (tp, seq) an optuna study (``tuner``) asks for layouts; each trial
+The loop: for each key (tp, seq) an optuna study (``store.studies``) asks for layouts; each trial
 becomes a ``TrialSpec`` and a submitit job (``dispatch``; runner=bridge measures a trial by
 several runs at different m in the same job and combines them into one result at the
 user's m: ``sweep_collect``); results come back as ``TrialResult`` data, are stored the
@@ -28,17 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.config import SweepConfig
-from hcp_tune.engine import (
-    budget,
-    dispatch,
-    housekeeping,
-    pools,
-    sweep_adaptive,
-    sweep_plan,
-    synthetic,
-    verdict,
-)
-from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
+from hcp_tune.engine import budget, dispatch, pools, sweep_adaptive, sweep_plan, synthetic
 from hcp_tune.engine.sweep_collect import Collector
 from hcp_tune.engine.sweep_jobs import (  # noqa: F401  (re-exported: sweep's old names)
     Member,
@@ -49,6 +39,9 @@ from hcp_tune.engine.sweep_jobs import (  # noqa: F401  (re-exported: sweep's ol
 )
 from hcp_tune.engine.sweep_plan import SweepPlan, kept_by_key, plan_sweep
 from hcp_tune.engine.trialspec import spec_for
+from hcp_tune.stats import verdict
+from hcp_tune.store import housekeeping
+from hcp_tune.store.folder import ResultStore, SweepKey, trial_row
 
 # the jobs' payloads, both executors: on the job side, so a job imports none of the orchestrator
 from hcp_tune.job.payload import batch_payload, pool_payload, steps_payload
@@ -94,7 +87,7 @@ class Sweeper(Collector):
         self.only = only  # (tp, seq) -> the a2a sizes to measure; None: every kept layout
         self.planned: Optional[SweepPlan] = None  # set by plan()
         self.marker: Optional[Path] = None  # results/sweeps/<host>-<pid>-*.running
-        self.studies: dict[SweepKey, Any] = {}  # one tuner.LayoutStudy per key
+        self.studies: dict[SweepKey, Any] = {}  # one studies.LayoutStudy per key
         # (tp, seq, a2a) -> budget.TrialCost, from the plan: the budget's per-trial estimate
         self.costs: dict[tuple[int, int, int], Any] = {}
         self.budget = cfg.search.budget_gpu_hours
@@ -120,7 +113,7 @@ class Sweeper(Collector):
         (``sweep_plan.plan_sweep``) and apply it: store the skipped layouts, re-attach
         the outstanding trials by job id, queue the rest."""
         from hcp_tune.costmodel import predict
-        from hcp_tune.engine import tuner
+        from hcp_tune.store import studies
 
         if self.marker is None:  # `results drop|archive` waits for the end of this sweep
             self.marker = housekeeping.mark_sweep(self.store)
@@ -131,7 +124,7 @@ class Sweeper(Collector):
         stored_ids = {r.get("trial_id") for r in rows}
         outstanding = {}
         for key, kept in kept_keys.items():
-            study = tuner.LayoutStudy(self.storage, key.name, [c.layout.a2a for c in kept],
+            study = studies.LayoutStudy(self.storage, key.name, [c.layout.a2a for c in kept],
                                       space=[lay.a2a for lay in factorizations(key.cp)])
             study.abandon_unsubmitted()
             self.studies[key] = study
@@ -177,7 +170,7 @@ class Sweeper(Collector):
         """A layout the cost model says not to measure: its row file, and a PRUNED trial
         with status ``skipped`` in the key's study (``study``, or the key's study opened
         here; then its a2a is an attribute, not a parameter)."""
-        from hcp_tune.engine import tuner
+        from hcp_tune.store import studies
 
         trial_id = f"{key.slug}-skip-a{cand.layout.a2a}"
         spec = spec_for(self.cfg, cand, trial_id, self.progress_dir)
@@ -185,7 +178,7 @@ class Sweeper(Collector):
         row = trial_row(key, spec, result,
                         predicted_step_s=skip["predicted"]["step_time_s"])
         self.store.add(row, key)
-        (study or tuner.LayoutStudy(self.storage, key.name, [])).add_row(row)
+        (study or studies.LayoutStudy(self.storage, key.name, [])).add_row(row)
         self.summary.by_status["skipped"] = self.summary.by_status.get("skipped", 0) + 1
         self.reporter.trial(spec, "skipped", skip["reason"])
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from hcp_tune.engine import verdict
+from hcp_tune.stats import verdict
 
 def counts(row: dict[str, Any]) -> bool:
     """A trial that counts toward ``search.repeats``: ok with a median (an ok trial whose

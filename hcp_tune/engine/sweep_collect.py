@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hcp_tune.engine import dispatch, pools
-from hcp_tune.engine.store import trial_row
+from hcp_tune.store.folder import trial_row
 from hcp_tune.engine.sweep_jobs import Member, Running, Work, count
 from hcp_tune.engine.sweep_plan import failure_label
 from hcp_tune.engine.trials import (

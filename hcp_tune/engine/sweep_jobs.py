@@ -13,7 +13,7 @@ from typing import Any, Optional
 from hcp_tune.config import SweepConfig
 from hcp_tune.costmodel.microbatch import measure_points
 from hcp_tune.engine import dispatch
-from hcp_tune.engine.store import SweepKey
+from hcp_tune.store.folder import SweepKey
 from hcp_tune.engine.trials import point_specs, read_result
 from hcp_tune.errors import ConfigError
 from hcp_tune.space.layout import Candidate

@@ -22,8 +22,8 @@ from hcp_tune.costmodel.formulas import CostParams
 from hcp_tune.costmodel.microbatch import measure_points
 from hcp_tune.costmodel.memory import advice_line
 from hcp_tune.engine import budget, error_rates, sweep_adaptive
-from hcp_tune.engine.store import SweepKey
-from hcp_tune.engine.store import key_rows as select_rows
+from hcp_tune.store.folder import SweepKey
+from hcp_tune.store.folder import key_rows as select_rows
 from hcp_tune.space.host_memory import plan_host_memory
 from hcp_tune.space.layout import Candidate
 from hcp_tune.space.plan import candidates, notes
@@ -31,7 +31,7 @@ from hcp_tune.space.plan import row as plan_row
 from hcp_tune.spec import FailureClass, Status
 
 if TYPE_CHECKING:
-    from hcp_tune.engine.tuner import Outstanding
+    from hcp_tune.store.studies import Outstanding
 
 FAILURE_LABELS = RETRY_CHOICES[2:]  # every failure class, and "invalid"
 

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from hcp_tune.config import SweepConfig
 from hcp_tune.costmodel.microbatch import Z90, StepFit, fit_step, measure_points, row_points
 from hcp_tune.engine import dispatch
-from hcp_tune.engine.records import Verification
+from hcp_tune.store.records import Verification
 from hcp_tune.errors import ConfigError
 from hcp_tune.merge import merge_root_cause
 from hcp_tune.noise import row_noise

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from hcp_tune.config import SweepConfig
-from hcp_tune.engine import store as store_mod
+from hcp_tune.store import folder as store_mod
 from hcp_tune.engine import sweep_plan
 from hcp_tune.engine.sweep import Sweeper, SweepSummary, runs_as_steps
 from hcp_tune.engine.sweep_plan import SweepPlan

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from hcp_tune.engine.records import KEY_FIELDS, SweepKey, key_field
+from hcp_tune.store.records import KEY_FIELDS, SweepKey, key_field
 from hcp_tune.errors import EXIT_NOT_FOUND, EXIT_OK, InputFileError
 from hcp_tune.space.layout import Layout
 
@@ -148,7 +148,7 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
 def cmd_listing(args: list[str]) -> int:
     """``recommend [cluster=NAME] [model=M] [env_tag=T] [format=table|csv|json|md]``."""
     from hcp_tune.config import existing_dir
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
     from hcp_tune.outputs.ui import say
 
     want = _args(args)

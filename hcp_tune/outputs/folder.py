@@ -36,7 +36,7 @@ class TagSummary:
 def summarize(results_dir: Path) -> dict:
     """Per env tag, its keys, trials and row bytes; the folder's other files' bytes (the
     journal, the tables, job logs) as ``other_bytes``."""
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
 
     store = ResultStore(results_dir)
     tags: dict[str, TagSummary] = {}
@@ -100,8 +100,8 @@ def cmd_take(action: str, args: list[str]) -> int:
     their table lines; ``results archive env_tag=X`` moves them to
     ``<results_dir>/archive/X/`` (a results folder of its own). Both hold the folder's
     lock and refuse while a sweep runs on it (``housekeeping.take_tag``)."""
-    from hcp_tune.engine.housekeeping import take_tag
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.housekeeping import take_tag
+    from hcp_tune.store.folder import ResultStore
 
     a = parse_args(f"results {action}", args, TAKE_KEYS)
     results_dir = _folder(a)
@@ -129,7 +129,7 @@ def cmd_ledger(action: str, args: list[str]) -> int:
     database, so later commands sync by themselves. ``results migrate
     search.storage=URL``: move the folder's journals into the database once, with a count
     check (``housekeeping.migrate``)."""
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
 
     a = parse_args(f"results {action}", args, LEDGER_KEYS)
     results_dir = Path(a.get("results_dir", "results")).resolve()
@@ -141,7 +141,7 @@ def cmd_ledger(action: str, args: list[str]) -> int:
                            "postgresql://USER@HOST/DB (the password from ~/.pgpass or "
                            "PGPASSWORD)")
     if action == "migrate":
-        from hcp_tune.engine.housekeeping import migrate
+        from hcp_tune.store.housekeeping import migrate
 
         if not results_dir.is_dir():
             _folder(a)  # raises: no such folder

@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 from hcp_tune.config.settings import REPEATS_MAX as MAX_REPEATS
 from hcp_tune.engine.error_rates import rate_for
-from hcp_tune.engine.records import key_args, key_field
-from hcp_tune.engine.verdict import MIN_TRIALS
+from hcp_tune.store.records import key_args, key_field
+from hcp_tune.stats.verdict import MIN_TRIALS
 from hcp_tune.space.layout import Layout
 
 

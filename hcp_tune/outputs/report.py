@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hcp_tune.engine.records import KEY_FIELDS, key_field
-from hcp_tune.engine import verdict
+from hcp_tune.store.records import KEY_FIELDS, key_field
+from hcp_tune.stats import verdict
 from hcp_tune.engine.error_rates import rate_for
 from hcp_tune.noise import percentile
 from hcp_tune.outputs.regress import fingerprint_of, usable

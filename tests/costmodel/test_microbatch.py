@@ -13,8 +13,8 @@ from hcp_tune.costmodel.microbatch import (
     rank_at,
     tokens_per_gpu_s,
 )
-from hcp_tune.engine.records import TrialRow
-from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
+from hcp_tune.store.records import TrialRow
+from hcp_tune.store.folder import ResultStore, SweepKey, trial_row
 from hcp_tune.spec import Status, TrialResult, TrialSpec
 
 PP, USER_M = 2, 512  # Bridge's 128K recipe: gbs 512, mbs 1, dp 1

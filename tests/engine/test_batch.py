@@ -209,7 +209,7 @@ def test_recommend_names_the_layouts_a_key_is_missing(tmp_path):
     from helpers import BARE_KEY as KEY
     from helpers import bare_row as row
 
-    from hcp_tune.engine.store import ResultStore, SweepKey
+    from hcp_tune.store.folder import ResultStore, SweepKey
 
     store = ResultStore(tmp_path)
     for r in (row(1, "ok", 0.1), row(2, "cancelled")):

@@ -266,7 +266,7 @@ def test_a_trial_stopped_early_in_its_first_run_keeps_its_steps_and_no_median(su
     assert row["status"] == "pruned" and row["median_s"] is None and row["steps"] == 3
     assert row["error"] == "at m=1: stopped early: slower"
     assert sweeper.summary.pruned_saved_steps == 3 * steps - 3  # this run's rest and the next
-    from hcp_tune.engine.store import missing_layouts
+    from hcp_tune.store.folder import missing_layouts
 
     assert missing_layouts([row]) == []  # it lost: measured, not missing
 

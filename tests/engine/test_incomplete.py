@@ -2,7 +2,7 @@
 layouts missing and why, in recommendations.csv and by `recommend`."""
 from helpers import BARE_KEY, bare_row
 
-from hcp_tune.engine.store import SweepKey, missing_layouts, recommendations
+from hcp_tune.store.folder import SweepKey, missing_layouts, recommendations
 
 
 def test_a_cancelled_layout_makes_the_key_incomplete_and_is_named():
@@ -37,7 +37,7 @@ def test_rows_from_a_newer_schema_are_refused_with_what_to_do(tmp_path):
 
     import pytest
 
-    from hcp_tune.engine.store import ResultsTooNew, ResultStore
+    from hcp_tune.store.folder import ResultsTooNew, ResultStore
 
     store = ResultStore(tmp_path)
     store.add({**bare_row(1, "ok", 0.1), "schema_version": 99}, SweepKey(**BARE_KEY))

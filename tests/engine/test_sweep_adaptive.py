@@ -87,7 +87,7 @@ def test_the_cli_exits_2_with_one_line_for_min_repeats_above_repeats():
 
 
 def _stored_row(key, a2a, median, n):
-    from hcp_tune.engine.store import trial_row
+    from hcp_tune.store.folder import trial_row
     from hcp_tune.spec import Status, TrialResult, TrialSpec
 
     trial_id = f"{key.slug}-t{n:03d}-a{a2a}"
@@ -101,7 +101,7 @@ def _stored_row(key, a2a, median, n):
 def test_a_resumed_sweep_queues_the_same_round_from_what_is_stored(tmp_path):
     """The Sweeper's round comes from the stored rows: a fresh Sweeper over the same folder
     (a resume after a kill) plans exactly the same next trials."""
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
     from hcp_tune.engine.sweep import Sweeper
 
     cfg = config.load(["cluster=local", "model=tiny", "cp=4", "seq=256", "runner=attention",

@@ -8,9 +8,9 @@ import pytest
 from hcp_tune import config
 from hcp_tune.costmodel import predict
 from hcp_tune.costmodel.memory import advice_line
-from hcp_tune.engine.store import key_rows, trial_row
+from hcp_tune.store.folder import key_rows, trial_row
 from hcp_tune.engine.sweep_plan import kept_by_key, key_for, plan_sweep
-from hcp_tune.engine.tuner import Outstanding
+from hcp_tune.store.studies import Outstanding
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 # cp=4 on the tiny model: layouts [1,4] [2,2] [4,1]; the cost model predicts 4, 2, 1 fastest first
@@ -225,7 +225,7 @@ def test_keys_are_the_sweeps_keys_with_a_kept_layout():
 
 def test_the_sweep_shows_the_recommendations_of_its_own_keys_only():
     from hcp_tune.cli import _own_recommendations
-    from hcp_tune.engine.store import KEY_FIELDS, recommendations
+    from hcp_tune.store.folder import KEY_FIELDS, recommendations
     from hcp_tune.engine.sweep import SweepSummary
 
     mine = stored(K256, 2)

@@ -9,7 +9,7 @@ import pytest
 
 from hcp_tune import config
 from hcp_tune.engine import twostage
-from hcp_tune.engine.store import SweepKey, trial_row
+from hcp_tune.store.folder import SweepKey, trial_row
 from hcp_tune.spec import Status, TrialResult, TrialSpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -157,7 +157,7 @@ def test_new_fields_round_trip():
 
 
 def test_te_backend_format_and_notes_reach_the_trial_row():
-    from hcp_tune.engine.store import SweepKey, trial_row
+    from hcp_tune.store.folder import SweepKey, trial_row
 
     key = SweepKey(cluster="dgx-h100", model="llama3-8b", tp=1, cp=4, seq=16384,
                    runner="attention", env_tag="te-2.17")

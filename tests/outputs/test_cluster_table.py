@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import rows_for  # noqa: E402
 
 from hcp_tune import cli  # noqa: E402
-from hcp_tune.engine.store import ResultStore, SweepKey  # noqa: E402
+from hcp_tune.store.folder import ResultStore, SweepKey  # noqa: E402
 from hcp_tune.outputs import cluster_table  # noqa: E402
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from helpers import rows_for, store  # noqa: E402
 
-from hcp_tune.engine import housekeeping  # noqa: E402
-from hcp_tune.engine.store import ResultStore  # noqa: E402
+from hcp_tune.store import housekeeping  # noqa: E402
+from hcp_tune.store.folder import ResultStore  # noqa: E402
 from hcp_tune.outputs import folder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ import shlex
 import pytest
 
 from hcp_tune import config
-from hcp_tune.engine import tables, verdict
+from hcp_tune.stats import verdict
+from hcp_tune.store import tables
 from hcp_tune.engine.error_rates import SETTLED_ERROR, rate_for
 from hcp_tune.outputs import recommend
 

@@ -303,7 +303,7 @@ def test_regress_and_report_do_not_import_torch_or_pandas(results, command):
 
 
 def test_recommend_warns_about_rows_with_an_injected_delay(tmp_path):
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
 
     res = store(tmp_path / "res", rows_for("t", 2, 2, BASE, fp={**FP, "inject_delay": "a2a:1"}))
     ResultStore(res).rebuild()

@@ -10,8 +10,8 @@ import pytest
 from helpers import CUDA_MEM, FP, rows_for
 
 from hcp_tune.cli import main
-from hcp_tune.engine.records import SweepKey
-from hcp_tune.engine.store import ResultStore
+from hcp_tune.store.records import SweepKey
+from hcp_tune.store.folder import ResultStore
 from hcp_tune.outputs.regress import known
 
 MIX = "web#1a2b3c"

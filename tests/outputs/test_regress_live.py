@@ -25,7 +25,7 @@ import pytest
 
 from hcp_tune import config
 from hcp_tune.engine.launch import run_local_batch
-from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
+from hcp_tune.store.folder import ResultStore, SweepKey, trial_row
 from hcp_tune.engine.trials import spec_for
 from hcp_tune.outputs import regress
 from hcp_tune.space.plan import candidates

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import rows_for, store  # noqa: E402
 
-from hcp_tune.engine.store import ResultStore  # noqa: E402
+from hcp_tune.store.folder import ResultStore  # noqa: E402
 from hcp_tune.outputs import html_report, regress, report  # noqa: E402
 from hcp_tune.outputs.svg import COLOURS  # noqa: E402
 

@@ -29,7 +29,7 @@ def test_a_report_of_every_key_read_a_key_folder_at_a_time_is_the_same_page(tmp_
     rows); the page equals the one summarised from every row at once."""
     from helpers import rows_for, store
 
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
     from hcp_tune.outputs import html_report, report
     from hcp_tune.outputs.regress.cli import _every_key
 

@@ -44,7 +44,7 @@ def _rows(results_dir: Path, env_tags: Optional[set[str]] = None) -> list[dict]:
     """The stored rows (``env_tags``: of those tags' keys only, reading only their folders;
     when one of them has no rows, every row, so that the error lists the tags there)."""
     from hcp_tune.config import existing_dir
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
 
     existing_dir(results_dir)  # the one wording for a missing folder
     store = ResultStore(results_dir)
@@ -63,7 +63,7 @@ def _rows(results_dir: Path, env_tags: Optional[set[str]] = None) -> list[dict]:
 def history_rows(results_dir: Path, env_tags: set[str]) -> list[dict]:
     """The rows other tags stored for the keys ``env_tags`` measured (the folders of those
     keys only): the sessions ``spread.from_history`` may learn S and L from."""
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.folder import ResultStore
     from hcp_tune.outputs.regress.rows import COMPARED
 
     store = ResultStore(results_dir)

@@ -30,8 +30,8 @@ def _every_key(results_dir: Path, pick: dict) -> list:
     """``report.summarize`` of every stored key, reading one key folder at a time (the
     folder's rows are dropped once summarised: memory holds one key's rows, not every
     row the folder ever stored), in the key order one call over every row gives."""
-    from hcp_tune.engine.records import KEY_FIELDS
-    from hcp_tune.engine.store import ResultStore
+    from hcp_tune.store.records import KEY_FIELDS
+    from hcp_tune.store.folder import ResultStore
     from hcp_tune.outputs import report
 
     store = ResultStore(results_dir)

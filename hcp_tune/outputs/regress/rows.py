@@ -11,8 +11,8 @@ import math
 import re
 from typing import Any, Mapping, Optional
 
-from hcp_tune.engine.records import OLDER_ROW_DEFAULTS, key_field
-from hcp_tune.engine.verdict import usable  # noqa: F401  (the one definition)
+from hcp_tune.store.records import OLDER_ROW_DEFAULTS, key_field
+from hcp_tune.stats.verdict import usable  # noqa: F401  (the one definition)
 from hcp_tune.errors import HcpError
 
 # the sweep key without env_tag (mix: a packed key's length mix, "" for fixed length, so a

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from hcp_tune.engine.records import key_args
+from hcp_tune.store.records import key_args
 from hcp_tune.errors import EXIT_USAGE
 import hcp_tune.outputs.regress.stats as stats
 from hcp_tune.outputs.regress.model import COMPARED, Comparison, Options, compare

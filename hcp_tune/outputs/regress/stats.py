@@ -52,7 +52,7 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import special
 
-from hcp_tune.engine.shrinkage import SD_FLOOR, moderate, t_quantile, two_sided_p  # noqa: F401
+from hcp_tune.stats.shrinkage import SD_FLOOR, moderate, t_quantile, two_sided_p  # noqa: F401
 
 ALPHA = 0.05  # family-wise error rate over every test of one comparison (Holm)
 LEVEL = 0.95  # the intervals shown, and the "ok" rule

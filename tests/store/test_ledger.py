@@ -7,15 +7,15 @@ import shutil
 import optuna
 import pytest
 
-from hcp_tune.engine.records import (
+from hcp_tune.store.records import (
     RECOMMENDATION_COLUMNS,
     Recommendation,
     ResultsTooNew,
     TrialRow,
     Verification,
 )
-from hcp_tune.engine.store import ResultStore, SweepKey, trial_row
-from hcp_tune.engine.tuner import ROW_PART_CHARS, LayoutStudy, Ledger, open_storage
+from hcp_tune.store.folder import ResultStore, SweepKey, trial_row
+from hcp_tune.store.studies import ROW_PART_CHARS, LayoutStudy, Ledger, open_storage
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 PROOF = {"groups": {"match": True}, "numerics": {"passed": True}}

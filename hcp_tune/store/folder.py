@@ -4,7 +4,7 @@ Layout of a results folder:
 
 - ``journals/<sweep-key-hash>.journal`` (or ``search.storage``, one storage for every key):
   the record, one optuna study per sweep key in its own journal file, so that a command
-  replays only the keys it touches; each finished trial holds its whole row (``tuner``).
+  replays only the keys it touches; each finished trial holds its whole row (``studies``).
   A folder written with one ``optuna.journal`` is split once (``ResultStore.ledger``).
   With a database (``search.storage=postgresql://...``: ``rdb``) the folder is a view of it
   (``.ledger.json``) that commands reading the tables sync first (``refresh``).
@@ -43,8 +43,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from hcp_tune.engine import folderlock
-from hcp_tune.engine.records import (
+from hcp_tune.store import folderlock
+from hcp_tune.store.records import (
     KEY_FIELDS,
     RECOMMENDATION_COLUMNS,
     ROW_SCHEMA,
@@ -57,7 +57,7 @@ from hcp_tune.engine.records import (
     name_slug,
     row_text,
 )
-from hcp_tune.engine.tables import (  # rank, recommendations, missing_layouts: re-exported
+from hcp_tune.store.tables import (  # rank, recommendations, missing_layouts: re-exported
     csv_cell,
     csv_line,
     missing_layouts,
@@ -67,7 +67,7 @@ from hcp_tune.engine.tables import (  # rank, recommendations, missing_layouts: 
     recommendations,
     table_entry,
 )
-from hcp_tune.engine.trialrow import single_run_fields, trial_row, verified  # re-exported
+from hcp_tune.store.trialrow import single_run_fields, trial_row, verified  # re-exported
 from hcp_tune.spec import atomic_open, atomic_write_text
 
 # The columns of trials.csv (``records.TrialRow``'s fields, then a row's extra fields) and
@@ -167,35 +167,35 @@ class ResultStore:
     def ledger(self, storage: Any = None) -> Any:
         """The optuna storage of this folder's studies: ``storage`` when given (an RDB URL
         or one journal file: ``search.storage``), else one journal per key under
-        ``journals/`` (``tuner.Journals``), or the database this folder was last synced
+        ``journals/`` (``studies.Journals``), or the database this folder was last synced
         from (``remembered``). A folder holding the single ``optuna.journal``
         of an older hcp-tune is split into per-key journals first, once, under the lock."""
-        from hcp_tune.engine import tuner
+        from hcp_tune.store import studies
 
         storage = storage if storage is not None else self.remembered()
         if storage is not None:
-            return tuner.open_storage(storage)
+            return studies.open_storage(storage)
         if (self.root / LEGACY_JOURNAL).is_file() and not (self.root / JOURNALS).is_dir():
             with self.lock():
                 self._migrate()
-        return tuner.Journals(self.root / JOURNALS)
+        return studies.Journals(self.root / JOURNALS)
 
     def _migrate(self) -> None:
         """(Under the lock.) Copy every study of ``optuna.journal`` into its own journal in
         a temporary folder, rename that folder to ``journals/`` (atomic: a reader sees no
         partitions or all of them) and keep the old file as ``optuna.journal.migrated``."""
-        from hcp_tune.engine import tuner
+        from hcp_tune.store import journals, studies
 
         legacy, target = self.root / LEGACY_JOURNAL, self.root / JOURNALS
         if not legacy.is_file() or target.is_dir():
             return  # another process migrated it while this one waited for the lock
         tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".journals-migrating-"))
         try:
-            old = tuner.Ledger(legacy)
+            old = studies.Ledger(legacy)
             names = old.names()
-            parts = tuner.Journals(tmp)
+            parts = studies.Journals(tmp)
             for name in names:
-                tuner.copy_study(old.storage, name, parts.get(name))
+                journals.copy_study(old.storage, name, parts.get(name))
             os.rename(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -222,11 +222,11 @@ class ResultStore:
         return self._rebuild(storage, everything=True)
 
     def _rebuild(self, storage: Any, everything: bool) -> tuple[Path, Path]:
-        from hcp_tune.engine import rdb, tuner
+        from hcp_tune.store import rdb, studies
 
         storage = self.ledger(storage or self.storage)
         with self.lock():
-            self.rebuild_locked(tuner.Ledger(storage), everything)
+            self.rebuild_locked(studies.Ledger(storage), everything)
             url = rdb.shown_url(storage)
             if url is not None and url != self.remembered():
                 atomic_write_text(str(self.root / LEDGER_FILE), json.dumps({"storage": url}))
@@ -245,7 +245,7 @@ class ResultStore:
         """Before a command reads the tables: sync them from the database this folder is a
         view of (given, or ``remembered``) if it says (asked without optuna) a key changed;
         nothing for a journal folder, whose tables every writer keeps current."""
-        from hcp_tune.engine import rdb
+        from hcp_tune.store import rdb
 
         url = self.storage if rdb.is_rdb(self.storage) else self.remembered()
         if not rdb.is_rdb(url):
@@ -287,9 +287,9 @@ class ResultStore:
         """Each key folder (by slug) with a study or a row folder, and what says it changed
         (last, two times: a journal's or 0, the row folder's; a database's keys: counts of
         ``rdb.slug_changes``), what the index must match (``meta``); (None, {}): derive all."""
-        from hcp_tune.engine import rdb, tuner
+        from hcp_tune.store import rdb, studies
 
-        if isinstance(ledger.storage, tuner.Journals):
+        if isinstance(ledger.storage, studies.Journals):
             out: dict[str, list[int]] = {s: [0, 0, t] for s, t in self._folder_times().items()}
             for path in ledger.storage.folder.glob("*.journal"):
                 st = path.stat()
@@ -300,7 +300,7 @@ class ResultStore:
 
     def _db_slugs(self, db: Any, url: str) -> tuple[dict[str, list[int]], dict[str, Any]]:
         """``_slugs`` of a database (an RDB storage, or ``rdb.Quick``: ``rdb.slug_changes``)."""
-        from hcp_tune.engine import rdb
+        from hcp_tune.store import rdb
 
         index = self._read_index({"ledger": url}) or {}
         stats, touched, mark = rdb.slug_changes(db, index.get("mark", 0))
@@ -317,9 +317,9 @@ class ResultStore:
         one key at a time: import the row files its study lacks, rewrite its row files
         from the study, and return per slug its tables' entry (``_entry``). A per-key
         journal is let go once its key is done, so memory holds one key's trials."""
-        from hcp_tune.engine import tuner
+        from hcp_tune.store import studies
 
-        journals = ledger.storage if isinstance(ledger.storage, tuner.Journals) else None
+        journals = ledger.storage if isinstance(ledger.storage, studies.Journals) else None
         in_storage: dict[str, set[str]] = {}
         if journals is None:  # one storage: its study names, by slug
             for n in ledger.names():

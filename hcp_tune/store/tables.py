@@ -16,8 +16,8 @@ import math
 from typing import Any, Optional
 
 from hcp_tune.costmodel.microbatch import tokens_per_gpu_s
-from hcp_tune.engine import verdict
-from hcp_tune.engine.records import (
+from hcp_tune.stats import verdict
+from hcp_tune.store.records import (
     KEY_FIELDS,
     RECOMMENDATION_COLUMNS,
     TRIAL_COLUMNS,
@@ -104,7 +104,7 @@ def recommendations(rows: list[dict[str, Any]],
                     tie_threshold: float = verdict.TIE_THRESHOLD) -> list[dict[str, Any]]:
     """One recommendation per sweep key that has at least one ranked (ok) trial, with its
     verdict (``verdict.decide``); ``pareto``: per key name, its study's Pareto front
-    (``tuner.Ledger.pareto``)."""
+    (``studies.Ledger.pareto``)."""
     by_key: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         by_key.setdefault(tuple(key_field(r, k) for k in KEY_FIELDS), []).append(r)

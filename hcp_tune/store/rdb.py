@@ -237,7 +237,7 @@ def slug_changes(storage: Any, mark: int) -> tuple[dict[str, list[int]], set[str
     given a user attribute since ``mark`` (0: not asked), the newest user attribute id):
     three queries over optuna's tables, whose cost does not grow with the trials synced
     before. ``storage``: an RDB storage, or a ``Quick`` connection."""
-    from hcp_tune.engine.records import name_slug
+    from hcp_tune.store.records import name_slug
 
     newest = "SELECT coalesce(max(trial_user_attribute_id), 0) FROM trial_user_attributes"
     trials = ("SELECT s.study_name, count(t.trial_id), coalesce(max(t.trial_id), 0), "

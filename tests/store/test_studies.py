@@ -2,7 +2,8 @@
 import pytest
 
 from hcp_tune.engine.trials import read_progress, should_prune
-from hcp_tune.engine.tuner import LayoutStudy, open_storage
+from hcp_tune.store import studies
+from hcp_tune.store.studies import LayoutStudy, open_storage
 from hcp_tune.spec import Status
 
 
@@ -22,6 +23,75 @@ def test_study_resumes_from_the_journal_file(tmp_path):
     again.abandon_unsubmitted()
     states = {t.number: t.state.name for t in again.study.get_trials()}
     assert states[n2] == "FAIL" and states[n1] == "RUNNING"
+
+
+def test_a_submission_cut_half_way_is_abandoned_not_reattached(tmp_path):
+    """An orchestrator killed while it marked a trial submitted (three attributes, one
+    write each) left a trial with some of them: the next sweep crashed on the missing
+    'executor' (KeyError, found by a killed sweep under load). job_id is written last now,
+    and a trial without all three is ended, not re-attached."""
+    storage = open_storage(str(tmp_path / "optuna.journal"))
+    study = LayoutStudy(storage, "k", [1, 2])
+    n_new, _, _ = study.ask(1, "s")  # this version's order: executor and folder, no job_id yet
+    for k, v in (("executor", "slurm"), ("folder", "/jobs")):
+        study.study._storage.set_trial_user_attr(study._live[n_new]._trial_id, k, v)
+    n_old, _, _ = study.ask(2, "s")  # an older version's order: job_id first
+    study.study._storage.set_trial_user_attr(study._live[n_old]._trial_id, "job_id", "5")
+    again = LayoutStudy(open_storage(str(tmp_path / "optuna.journal")), "k", [1, 2])
+    assert again.outstanding(stored_ids=set()) == []
+    again.abandon_unsubmitted()
+    assert {t.number: t.state.name for t in again.study.get_trials()} == {
+        n_new: "FAIL", n_old: "FAIL"}
+
+
+def test_a_trial_carries_its_orchestrator_from_the_moment_it_is_asked(tmp_path, monkeypatch):
+    """Two sweeps of one key at once: the second, starting, ends the RUNNING trials no live
+    sweep on this host owns. A trial asked but not yet marked with its orchestrator looked
+    abandoned, was ended, and the first sweep crashed marking it submitted. The enqueued
+    trial now holds the orchestrator when ``ask`` returns it."""
+    import optuna
+
+    seen = []
+    real_ask = optuna.Study.ask
+
+    def ask(self, *a, **kw):
+        trial = real_ask(self, *a, **kw)
+        seen.append(dict(trial.user_attrs))  # before ``ask`` sets anything on it
+        return trial
+
+    monkeypatch.setattr(optuna.Study, "ask", ask)
+    study = LayoutStudy(open_storage(str(tmp_path / "optuna.journal")), "k", [1, 2])
+    study.ask(2, "s")
+    assert seen and seen[0].get("orchestrator") == studies.ORCHESTRATOR
+
+
+def test_a_trial_another_sweep_ended_is_submitted_and_stored_without_a_crash(tmp_path):
+    """A sweep on another host cannot tell this one is alive, and may end its trial between
+    ask and submit: marking it submitted must not crash the sweep, and its row, when the
+    result comes, is stored as a trial of its own."""
+    path = str(tmp_path / "optuna.journal")
+    study = LayoutStudy(open_storage(path), "k", [1, 2])
+    n, trial_id, _ = study.ask(1, "s")
+    other = LayoutStudy(open_storage(path), "k", [1, 2])
+    other.study.tell(n, state=optuna_fail(), skip_if_finished=True)
+    study.submitted(n, "11", "slurm", "/jobs")  # raised UpdateFinishedTrialError before
+    row = make_row(trial_id)
+    study.tell(n, Status.OK, (1.0, 2.0), row=row)
+    again = LayoutStudy(open_storage(path), "k", [1, 2])
+    done = [t for t in again.study.get_trials() if t.state.name == "COMPLETE"]
+    assert [t.user_attrs["trial_id"] for t in done] == [trial_id]
+
+
+def optuna_fail():
+    from optuna.trial import TrialState
+
+    return TrialState.FAIL
+
+
+def make_row(trial_id: str) -> dict:
+    from test_store import row
+
+    return {**row(1, 1.0), "trial_id": trial_id}
 
 
 def test_a_narrower_later_sweep_of_a_key_reuses_its_study(tmp_path):
@@ -178,14 +248,14 @@ def test_a_job_ended_from_outside_is_cancelled_and_measured_again(state):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_pareto_front_is_optunas_best_trials(seed):
-    """``tuner.pareto_front`` (n log n, no deep copy) returns the trials optuna's
+    """``studies.pareto_front`` (n log n, no deep copy) returns the trials optuna's
     ``study.best_trials`` returns, ties and duplicates included, failures ignored."""
     import random
 
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    from hcp_tune.engine.tuner import pareto_front
+    from hcp_tune.store.studies import pareto_front
 
     rng = random.Random(seed)
     study = optuna.create_study(directions=["minimize", "minimize"])

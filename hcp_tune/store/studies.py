@@ -10,7 +10,7 @@ on ``tell`` the trial's whole row rides on it as user attributes (``row_attrs``)
 its state: ok -> COMPLETE (values: median step s, peak memory bytes), pruned or skipped
 -> PRUNED, failed / invalid / cancelled -> FAIL; ``status`` and ``failure_class`` say
 which. The row files and tables under ``results/`` are views rebuilt from it
-(``Ledger``, ``store.ResultStore.rebuild``). This is the one module that imports optuna.
+(``Ledger``, ``store.ResultStore.rebuild``). The storages themselves (a journal per key, a database) are ``journals``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import os
 import socket
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Collection, Optional
 
 import optuna
@@ -28,7 +27,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from hcp_tune.engine.records import name_slug, row_text
+from hcp_tune.store.journals import Journals, open_storage, storage_for  # noqa: F401
+from hcp_tune.store.records import name_slug, row_text
 from hcp_tune.spec import Status
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -40,86 +40,6 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 ROW_PART_CHARS = 16_000
 ERROR_ATTR_CHARS = 200
 METRIC_NAMES = ("median_step_s", "peak_mem_bytes")  # a trial's two values  # the error's first line, shown as its own attribute
-
-
-class Journals:
-    """The ledger of a results folder: one optuna journal file per study (per sweep key),
-    ``<folder>/<slug>.journal`` (the slug of the study's name, as the key's row folder),
-    each opened only when its study is asked for. Opening a journal replays it, so a
-    command pays for the keys it touches, not for every trial the folder ever stored."""
-
-    def __init__(self, folder: str | Path) -> None:
-        self.folder = Path(folder)
-        self._open: dict[str, Any] = {}
-
-    def path(self, name: str) -> Path:
-        return self.folder / f"{name_slug(name)}.journal"
-
-    def get(self, name: str) -> Any:
-        """The storage holding study ``name`` (opened once, replayed on first use)."""
-        storage = self._open.get(name)
-        if storage is None:
-            from optuna.storages import JournalStorage
-            from optuna.storages.journal import JournalFileBackend
-
-            self.folder.mkdir(parents=True, exist_ok=True)
-            storage = JournalStorage(JournalFileBackend(str(self.path(name))))
-            self._open[name] = storage
-        return storage
-
-    def forget(self, name: str) -> None:
-        """Let go of study ``name``'s replayed journal (its memory); opened again on use."""
-        self._open.pop(name, None)
-
-    def slugs(self) -> list[str]:
-        return sorted(p.stem for p in self.folder.glob("*.journal"))
-
-    def name_at(self, slug: str) -> Optional[str]:
-        """The name of the study in ``<slug>.journal``, read from its first operation
-        (which creates the study) without replaying the journal; None without one."""
-        try:
-            with open(self.folder / f"{slug}.journal", "rb") as handle:
-                first = json.loads(handle.readline() or b"{}")
-        except (OSError, json.JSONDecodeError):
-            return None  # none, or damaged: not a study this ledger wrote
-        if isinstance(first, dict) and first.get("op_code") == 0 \
-                and isinstance(first.get("study_name"), str):
-            return first["study_name"]
-        return None
-
-    def names(self) -> list[str]:
-        """Every study's name (one line read per journal; none replayed)."""
-        found = (self.name_at(p.stem) for p in self.folder.glob("*.journal"))
-        return sorted(n for n in found if n is not None)
-
-
-def storage_for(storage: Any, name: str) -> Any:
-    """The optuna storage that holds study ``name``: its journal in a ``Journals``, else
-    ``storage`` itself (an RDB URL's storage, or one journal file, holds every study)."""
-    return storage.get(name) if isinstance(storage, Journals) else storage
-
-
-def copy_study(from_storage: Any, name: str, to_storage: Any) -> None:
-    """Study ``name`` with every trial (running ones too, numbers kept) into another
-    storage: how an older folder's single journal is split into per-key journals."""
-    optuna.copy_study(from_study_name=name, from_storage=from_storage, to_storage=to_storage)
-
-
-def open_storage(url_or_path: Any) -> Any:
-    """An RDB URL (``sqlite:///x.db``, ``postgresql://...``) or a journal file path; a
-    storage object (or ``Journals``) is returned as it is."""
-    if not isinstance(url_or_path, (str, Path)):
-        return url_or_path
-    url_or_path = str(url_or_path)
-    if "://" in url_or_path:  # a database: opened by ``rdb`` (driver, retries, one-line errors)
-        from hcp_tune.engine import rdb
-
-        return optuna.storages.get_storage(rdb.open_storage(url_or_path))
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    Path(url_or_path).parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(url_or_path)))
 
 
 def row_attrs(row: dict[str, Any]) -> dict[str, Any]:
@@ -200,7 +120,7 @@ class LayoutStudy:
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             attrs = t.user_attrs
-            if "job_id" in attrs and attrs["trial_id"] not in stored_ids \
+            if _submitted(attrs) and attrs["trial_id"] not in stored_ids \
                     and not _live_elsewhere(attrs):
                 out.append(Outstanding(t.number, trial_a2a(t), attrs["trial_id"],
                                        attrs["job_id"], attrs["executor"], attrs["folder"]))
@@ -209,31 +129,48 @@ class LayoutStudy:
     def abandon_unsubmitted(self) -> None:
         """Trials asked for but never submitted (killed in between) end as FAIL."""
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if "job_id" not in t.user_attrs and not _live_elsewhere(t.user_attrs):
+            if not _submitted(t.user_attrs) and not _live_elsewhere(t.user_attrs):
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     def ask(self, a2a: int, trial_id_prefix: str) -> tuple[int, str, int]:
         """Start a trial for layout ``a2a``; returns (trial number, trial id, a2a it got)."""
         dist = self._a2a_distribution()
         inside = dist is not None and a2a in dist.choices
-        self.study.enqueue_trial({"a2a": a2a}, user_attrs=None if inside else {"a2a": a2a})
-        trial = self.study.ask()
-        # what we got (another orchestrator may have taken our enqueued trial): a layout
-        # outside the study's space says so in an attribute, the rest is its parameter
-        if "a2a" in trial.user_attrs:
-            a2a = int(trial.user_attrs["a2a"])
-        else:
-            a2a = trial.suggest_categorical("a2a", dist.choices if dist else [a2a])
-        trial_id = f"{trial_id_prefix}-t{trial.number:03d}-a{a2a}"
-        trial.set_user_attr("trial_id", trial_id)
-        trial.set_user_attr("orchestrator", ORCHESTRATOR)  # who asked (``_live_elsewhere``)
-        self._live[trial.number] = trial
-        return trial.number, trial_id, a2a
+        # the trial carries its orchestrator from the start: a sweep starting meanwhile on
+        # this host sees a live sweep's trial, not an abandoned one (``abandon_unsubmitted``)
+        attrs = {"orchestrator": ORCHESTRATOR, **({} if inside else {"a2a": a2a})}
+        for _ in range(ASK_TRIES):
+            self.study.enqueue_trial({"a2a": a2a}, user_attrs=attrs)
+            trial = self.study.ask()
+            try:
+                # what we got (another orchestrator may have taken our enqueued trial): a
+                # layout outside the study's space says so in an attribute, the rest is its
+                # parameter
+                got = int(trial.user_attrs["a2a"]) if "a2a" in trial.user_attrs else \
+                    trial.suggest_categorical("a2a", dist.choices if dist else [a2a])
+                trial_id = f"{trial_id_prefix}-t{trial.number:03d}-a{got}"
+                trial.set_user_attr("trial_id", trial_id)
+                trial.set_user_attr("orchestrator", ORCHESTRATOR)  # who asked
+            except UpdateFinishedTrialError:
+                continue  # a sweep on another host took it for abandoned already: ask again
+            self._live[trial.number] = trial
+            return trial.number, trial_id, got
+        raise UpdateFinishedTrialError(
+            f"study {self.study.study_name}: {ASK_TRIES} trials in a row were ended by another "
+            "sweep before this one could mark them its own")
 
     def submitted(self, number: int, job_id: str, executor: str, folder: str) -> None:
+        """Mark a trial submitted; ``job_id`` last, so a trial holding it holds all three
+        (an orchestrator killed half-way leaves a trial ``abandon_unsubmitted`` ends). A
+        trial another sweep ended meanwhile (from another host, taken for abandoned) is
+        left so: its result is stored as a new trial when it comes (``tell``)."""
         trial = self._live[number]
-        for k, v in (("job_id", job_id), ("executor", executor), ("folder", folder)):
-            trial.set_user_attr(k, v)
+        try:
+            for k, v in (("executor", executor), ("folder", folder), ("job_id", job_id)):
+                trial.set_user_attr(k, v)
+        except UpdateFinishedTrialError:
+            pass
+
 
     def not_run(self, number: int) -> None:
         """A submitted trial its batch job never ran: FAIL, marked so (it is asked again)."""
@@ -304,6 +241,11 @@ class LayoutStudy:
         return {a for t in self.study.best_trials if (a := trial_a2a(t)) is not None}
 
 
+def _submitted(attrs: dict[str, Any]) -> bool:
+    """The trial's job was submitted and the attributes to re-attach to it are all there."""
+    return all(k in attrs for k in SUBMISSION)
+
+
 def trial_a2a(t: FrozenTrial) -> Optional[int]:
     """A trial's a2a size: its parameter, or the attribute a layout outside the study's
     value space carries (``LayoutStudy``)."""
@@ -312,6 +254,8 @@ def trial_a2a(t: FrozenTrial) -> Optional[int]:
 
 
 ORCHESTRATOR = f"{socket.gethostname()}:{os.getpid()}"
+SUBMISSION = ("executor", "folder", "job_id")  # a submitted trial's attributes
+ASK_TRIES = 5  # trials in a row another sweep may end before ``ask`` gives up
 
 
 def _live_elsewhere(attrs: dict[str, Any]) -> bool:

@@ -5,7 +5,7 @@ import multiprocessing as mp
 import pandas as pd
 import pytest
 
-from hcp_tune.engine.store import (
+from hcp_tune.store.folder import (
     RECOMMENDATION_COLUMNS,
     TRIAL_COLUMNS,
     ResultsTooNew,
@@ -152,7 +152,7 @@ def test_key_rows_selects_what_the_text_comparison_selected(tmp_path):
     """recommend's injected-delay check now selects a recommendation's rows with the one
     ``key_rows``: on recommendations read back from recommendations.csv (pandas' types) and
     rows with and without pp, it selects exactly what the old text comparison did."""
-    from hcp_tune.engine.store import SweepKey, key_rows
+    from hcp_tune.store.folder import SweepKey, key_rows
 
     store = ResultStore(tmp_path)
     keys = [SweepKey(cluster="local", model="tiny", tp=tp, cp=2, seq=seq, runner="attention",

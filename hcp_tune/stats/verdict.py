@@ -47,7 +47,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from hcp_tune.engine import shrinkage
+from hcp_tune.stats import shrinkage
 
 LEVEL = 0.95  # the intervals' coverage
 POWER_Z = 0.8416  # one-sided z of 80% power (and the 20% quantile of the spread bound)

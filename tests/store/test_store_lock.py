@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hcp_tune.engine import folderlock
-from hcp_tune.engine.store import ResultStore, SweepKey
+from hcp_tune.store import folderlock
+from hcp_tune.store.folder import ResultStore, SweepKey
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_store import row  # noqa: E402
@@ -61,9 +61,9 @@ def test_writers_on_three_hosts_without_flock_lose_no_row(tmp_path):
     trials = pd.read_csv(tmp_path / "trials.csv")
     assert len(trials) == len(hosts) * count
     assert sorted({t.split("-")[0] + "-" + t.split("-")[1] for t in trials["trial_id"]}) == hosts
-    from hcp_tune.engine import tuner
+    from hcp_tune.store import studies
 
-    held = tuner.Ledger(ResultStore(tmp_path).ledger()).rows([KEY.name])
+    held = studies.Ledger(ResultStore(tmp_path).ledger()).rows([KEY.name])
     assert len(held) == len(hosts) * count  # the shared key's journal holds every row
 
 
@@ -92,7 +92,7 @@ def test_a_flock_error_other_than_no_support_is_raised(tmp_path, monkeypatch):
 
 HOLDER = """
 import sys, time
-from hcp_tune.engine import folderlock
+from hcp_tune.store import folderlock
 folderlock.HOST = sys.argv[2]
 with folderlock.LockFile(sys.argv[1], stale_s=1.0, heartbeat_s=0.2):
     print("held", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from hcp_tune.engine.records import KEY_FIELDS, SweepKey, TrialRow, Verification
+from hcp_tune.store.records import KEY_FIELDS, SweepKey, TrialRow, Verification
 from hcp_tune.spec import TrialResult, TrialSpec
 
 

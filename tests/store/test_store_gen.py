@@ -4,8 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from hcp_tune.engine.store import ResultStore
-from hcp_tune.engine.tuner import Ledger
+from hcp_tune.store.folder import ResultStore
+from hcp_tune.store.studies import Ledger
 
 GEN = Path(__file__).resolve().parents[2] / "benchmarks" / "store_gen.py"
 

@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from hcp_tune.engine import verdict
-from hcp_tune.engine.records import Recommendation
+from hcp_tune.stats import verdict
+from hcp_tune.store.records import Recommendation
 
 
 def rows(a2a, medians, status="ok", mem=0, verified=True, cp=4):

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from hcp_tune.engine.folderlock import pid_alive
-from hcp_tune.engine.store import JOURNALS, LEDGER_FILE, LEGACY_JOURNAL, ResultStore
+from hcp_tune.store.folderlock import pid_alive
+from hcp_tune.store.folder import JOURNALS, LEDGER_FILE, LEGACY_JOURNAL, ResultStore
 from hcp_tune.redact import redact_all
 from hcp_tune.spec import atomic_write_text, current_umask
 from hcp_tune.errors import HcpError
@@ -106,10 +106,10 @@ def take_tag(store: ResultStore, env_tag: str, archive: bool) -> tuple[int, int,
     tables rewritten without them; a command killed part way leaves that folder
     (``.taking-*``) for a person to look at, never a half-dropped key.
     Returns (keys, row files, where archived)."""
-    from hcp_tune.engine import tuner
+    from hcp_tune.store import studies
 
     storage = store.ledger()
-    if not isinstance(storage, tuner.Journals):  # (ledger() without a storage: never)
+    if not isinstance(storage, studies.Journals):  # (ledger() without a storage: never)
         raise HousekeepingError("this folder's ledger is not journals/")
     target = store.root / ARCHIVE / env_tag if archive else None
     with store.lock():
@@ -143,7 +143,7 @@ def take_tag(store: ResultStore, env_tag: str, archive: bool) -> tuple[int, int,
             journal = storage.folder / f"{slug}.journal"
             if journal.exists():
                 os.rename(journal, aside / JOURNALS / journal.name)
-        store.rebuild_locked(tuner.Ledger(tuner.Journals(storage.folder)), False)
+        store.rebuild_locked(studies.Ledger(studies.Journals(storage.folder)), False)
         if target is not None:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(aside, target)
@@ -161,9 +161,9 @@ def migrate(store: ResultStore, url: str) -> tuple[int, int, int]:
     nothing. The folder then syncs from the database (``.ledger.json``); its journals stay
     as they were. Under the lock, refused while a sweep runs. Returns (studies, trials
     copied, rows already there)."""
-    from hcp_tune.engine import tuner
+    from hcp_tune.store import journals, studies
 
-    target = tuner.open_storage(url)  # a database that refuses us: one line, nothing done
+    target = studies.open_storage(url)  # a database that refuses us: one line, nothing done
     with store.lock():
         busy = running_sweeps(store)
         if busy:
@@ -171,17 +171,17 @@ def migrate(store: ResultStore, url: str) -> tuple[int, int, int]:
                                     f"({busy[0]}): migrate when it has ended")
         if (store.root / LEGACY_JOURNAL).is_file() and not (store.root / JOURNALS).is_dir():
             store._migrate()  # noqa: SLF001 - the split, under the lock this holds
-        source = tuner.Ledger(tuner.Journals(store.root / JOURNALS))
+        source = studies.Ledger(studies.Journals(store.root / JOURNALS))
         names = source.names()
         if not names:
             raise HousekeepingError(f"{store.root}: no journals to migrate ({JOURNALS}/ holds "
                                     "no study); a sweep with search.storage=URL writes there")
-        dest = tuner.Ledger(target)
+        dest = studies.Ledger(target)
         there, copied, already = set(dest.names()), 0, 0
         for name in names:
             rows = source.rows([name])
             if name not in there:
-                tuner.copy_study(source.storage.get(name), name, target)
+                journals.copy_study(source.storage.get(name), name, target)
                 copied += len(source.study(name).get_trials(deepcopy=False))
             else:
                 have = dest.rows([name])
@@ -196,7 +196,7 @@ def migrate(store: ResultStore, url: str) -> tuple[int, int, int]:
                     "changed in the folder: run results migrate again")
             source.storage.forget(name)
         store.rebuild_locked(dest, True)
-        from hcp_tune.engine import rdb
+        from hcp_tune.store import rdb
 
         atomic_write_text(str(store.root / LEDGER_FILE),
                           json.dumps({"storage": rdb.shown_url(target)}))
