@@ -22,6 +22,8 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
+from hcp_tune.job.mcore import parallel_state
+
 
 @dataclass
 class CPGroups:
@@ -49,7 +51,7 @@ def _clear_stale_hcp_groups() -> bool:
     would silently find the previous trial's, and its group check would pass on stale
     groups. We reset that one module global ourselves, here and nowhere else.
     """
-    from megatron.core import parallel_state as ps
+    ps = parallel_state()
 
     stale = ps.get_hierarchical_context_parallel_groups(check_initialized=False) is not None
     if stale:
@@ -74,7 +76,7 @@ def init_groups(*, tp: int, a2a: int, p2p: int, timeout_s: float, hierarchical: 
     groups then mirror the flat CP group, and every layout's groups can be checked alike.
     Returns the groups that existed before, for ``destroy_groups``.
     """
-    from megatron.core import parallel_state as ps
+    ps = parallel_state()
 
     cp = a2a * p2p
     _clear_stale_hcp_groups()
@@ -90,7 +92,7 @@ def init_groups(*, tp: int, a2a: int, p2p: int, timeout_s: float, hierarchical: 
 
 
 def read_groups() -> CPGroups:
-    from megatron.core import parallel_state as ps
+    ps = parallel_state()
 
     cp_group = ps.get_context_parallel_group()
     hcp = ps.get_hierarchical_context_parallel_groups(check_initialized=False)
@@ -116,7 +118,7 @@ def destroy_groups(before: frozenset, *, destroy_communicators: bool = True) -> 
     process ends soon after. Returns how many groups were destroyed.
     """
     import torch.distributed as dist
-    from megatron.core import parallel_state as ps
+    ps = parallel_state()
 
     ps.destroy_model_parallel()
     _clear_stale_hcp_groups()  # not reset by destroy_model_parallel (see above)

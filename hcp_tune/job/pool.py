@@ -66,13 +66,14 @@ from hcp_tune.job.steps import (
     _wait,
     srun_argv,
 )
+from hcp_tune.job.mcore import parallel_state
 from hcp_tune.merge import rank_out_path
 from hcp_tune.spec import Status, TrialResult, TrialSpec, atomic_write_text, spec_from_json, to_json
 
 POOL_IDLE_S = 60.0  # a driver left this long without a next batch or an end returns
 POLL_S = 0.05  # how often the driver looks at its ranks and for its next batch (cheap)
 # what a forked rank would import first: torch, Megatron-Core's groups, the trial's modules
-WARM = ("torch", "torch.distributed", "megatron.core.parallel_state", "hcp_tune.job.trial",
+WARM = ("torch", "torch.distributed", "hcp_tune.job.trial",
         "hcp_tune.job.bench", "hcp_tune.job.attention.verify",
         "hcp_tune.job.attention.reference", "hcp_tune.job.dist", "hcp_tune.job.groups")
 
@@ -191,11 +192,12 @@ def warm() -> bool:
     """Import what a forked rank needs (``WARM``); True when forking is safe: torch is
     there and CUDA is not initialised. A module that fails to import is left to the ranks,
     whose trial reports it."""
-    for name in WARM:
-        try:
+    try:
+        for name in WARM:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the ranks import it again and say what failed
-            break
+        parallel_state()  # Megatron-Core's groups module alone, as a rank imports it
+    except Exception:  # noqa: BLE001 - the ranks import it again and say what failed
+        pass
     torch = sys.modules.get("torch")
     return torch is not None and not torch.cuda.is_initialized()
 

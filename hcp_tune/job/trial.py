@@ -11,7 +11,6 @@ class and the first meaningful error line. A ``runner=bridge`` spec goes to
 """
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import threading
@@ -21,6 +20,7 @@ from typing import Any, Optional
 
 from hcp_tune.job.backend import choose_backend, fingerprint
 from hcp_tune.job.failures import FAULTS, KILL_EXIT_CODE, EnvironmentProblem, classify
+from hcp_tune.job.mcore import parallel_state
 from hcp_tune.job.progress import record_step, stop_reason
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
@@ -237,7 +237,7 @@ def run_trial(spec: TrialSpec, *, env=None, keep_process_group: bool = False,
         # Megatron-Core's import is counted in "imports", not "groups"; it stays after the
         # GPU binding (importing it may touch a device)
         t = time.monotonic()
-        importlib.import_module("megatron.core.parallel_state")
+        parallel_state()  # the module alone (job.mcore), not the whole package
         phases["imports"] += time.monotonic() - t
         t = time.monotonic()
         if pset.layout == _layout_key(spec) and pset.before is not None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from hcp_tune.job.mcore import complete_megatron_core
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 CONTAINER_HINT = ("use the Bridge container (executor.container_image) or executor.setup/"
@@ -220,6 +221,7 @@ def run_bridge_trial(spec: TrialSpec, *, env=None, stack: Optional[BridgeStack] 
             problem = missing_stack()  # before anything else: nothing below works without them
             if problem:
                 raise EnvironmentProblem(problem)
+        complete_megatron_core()  # Bridge needs the whole package, not parallel_state alone
         return _run(spec, res, env, stack, t0)
     except Exception as e:  # a failure is a result
         from hcp_tune.job.bridge.guard import HCPNotActiveError
