@@ -113,6 +113,20 @@ def _read(tmp_path, name):
     return result_from_json((tmp_path / f"{name}.result.json").read_text())
 
 
+def _drive(tmp_path, ex, first, root, launch):
+    """Submit the two-set driver (``_two_sets``), wait for it, and check what both driver
+    modes must give: every trial back and ok, sets 0 and 1 in order. (handle, rows, where)."""
+    handle = dispatch.submit(ex, pool_payload, first, str(root), launch, False)
+    wait_for(lambda: dispatch.poll(handle).finished, what="the driver to return at the end")
+    out = dispatch.poll(handle).result
+    assert sorted(r.trial_id for r in out) == ["a", "b", "c", "d"]
+    got = {n: _read(tmp_path, n) for n in "abcd"}
+    assert {r.status for r in got.values()} == {Status.OK}
+    where = {n: process_set(r) for n, r in got.items()}
+    assert [where[n][0] for n in "abcd"] == [0, 0, 1, 1]
+    return handle, got, where
+
+
 @pytest.mark.multiproc
 def test_a_driver_without_fork_starts_each_set_as_new_local_interpreters(tmp_path):
     """What GPU trials on the local executor use (no fork: CUDA must not be in a parent)."""
@@ -120,15 +134,8 @@ def test_a_driver_without_fork_starts_each_set_as_new_local_interpreters(tmp_pat
     cfg = default_executor()
     ex = dispatch.make_executor(cfg, world_size=2, gpus_per_node=0, folder=tmp_path / "jobs",
                                 tasks_per_node=1)
-    handle = dispatch.submit(ex, pool_payload, first, str(root), None, False)
-    wait_for(lambda: dispatch.poll(handle).finished, what="the driver to return at the end")
-    out = dispatch.poll(handle).result
-    assert sorted(r.trial_id for r in out) == ["a", "b", "c", "d"]
-    got = {n: _read(tmp_path, n) for n in "abcd"}
-    assert {r.status for r in got.values()} == {Status.OK}
+    _, got, where = _drive(tmp_path, ex, first, root, None)
     assert all(r.verification["numerics"]["passed"] for r in got.values())
-    where = {n: process_set(r) for n, r in got.items()}
-    assert [where[n][0] for n in "abcd"] == [0, 0, 1, 1]
     assert where["a"][2] == where["b"][2] != where["c"][2] == where["d"][2]
     for n in (0, 1):
         done = json.loads(files.done(n).read_text())
@@ -145,14 +152,7 @@ def test_a_driver_on_slurm_without_fork_runs_each_set_as_an_srun_step(slurm_clus
     ex = dispatch.make_executor(cfg, world_size=2, gpus_per_node=0, folder=tmp_path / "jobs")
     dispatch.use_steps(ex, cfg)
     launch = dispatch.step_launch(cfg, world_size=2, gpus_per_node=0)
-    handle = dispatch.submit(ex, pool_payload, first, str(root), launch, False)
-    wait_for(lambda: dispatch.poll(handle).finished, what="the driver to return at the end")
-    out = dispatch.poll(handle).result
-    assert sorted(r.trial_id for r in out) == ["a", "b", "c", "d"]
-    got = {n: _read(tmp_path, n) for n in "abcd"}
-    assert {r.status for r in got.values()} == {Status.OK}
-    where = {n: process_set(r) for n, r in got.items()}
-    assert [where[n][0] for n in "abcd"] == [0, 0, 1, 1]
+    handle, got, where = _drive(tmp_path, ex, first, root, launch)
     assert {where[n][1] for n in "abcd"} == {handle.job_id}  # one allocation
     assert where["a"][2] != where["c"][2]
     for n in (0, 1):
