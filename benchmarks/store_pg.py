@@ -177,7 +177,7 @@ def build_view(folder: Path, url: str, key_list: list, per_key: int) -> None:
 def check_fill(base: str) -> str:
     """At a small N: the bulk fill and the sweep's write path give the same rows, and
     folders synced from each the same tables."""
-    from hcp_tune.store import studies
+    from hcp_tune.store import journals, studies
     from hcp_tune.store.folder import ResultStore
 
     key_list = store_gen.keys(2, 3)
@@ -186,7 +186,7 @@ def check_fill(base: str) -> str:
     try:
         store_gen.write_real(tmp / "writer", key_list, 10, storage=real)
         fill(bulk, key_list, 10)
-        a, b = (studies.Ledger(studies.open_storage(u)).rows() for u in (real, bulk))
+        a, b = (studies.Ledger(journals.open_storage(u)).rows() for u in (real, bulk))
         assert a == b, "the bulk fill's rows differ from the write path's"
         for name, url in (("a", real), ("b", bulk)):
             ResultStore(tmp / name, url).rebuild()

@@ -66,9 +66,9 @@ def wait_told(proc: subprocess.Popen, k: int) -> list[str]:
 
 
 def count_in_db(url: str, prefix: str) -> int:
-    from hcp_tune.store import studies
+    from hcp_tune.store import journals, studies
 
-    rows = studies.Ledger(studies.open_storage(url)).rows([store_gen.key_of(0, 0).name])
+    rows = studies.Ledger(journals.open_storage(url)).rows([store_gen.key_of(0, 0).name])
     return sum(1 for (_, tid) in rows if tid.startswith(prefix))  # (the writers' key)
 
 

@@ -167,18 +167,18 @@ class ResultStore:
     def ledger(self, storage: Any = None) -> Any:
         """The optuna storage of this folder's studies: ``storage`` when given (an RDB URL
         or one journal file: ``search.storage``), else one journal per key under
-        ``journals/`` (``studies.Journals``), or the database this folder was last synced
+        ``journals/`` (``journals.Journals``), or the database this folder was last synced
         from (``remembered``). A folder holding the single ``optuna.journal``
         of an older hcp-tune is split into per-key journals first, once, under the lock."""
-        from hcp_tune.store import studies
+        from hcp_tune.store import journals
 
         storage = storage if storage is not None else self.remembered()
         if storage is not None:
-            return studies.open_storage(storage)
+            return journals.open_storage(storage)
         if (self.root / LEGACY_JOURNAL).is_file() and not (self.root / JOURNALS).is_dir():
             with self.lock():
                 self._migrate()
-        return studies.Journals(self.root / JOURNALS)
+        return journals.Journals(self.root / JOURNALS)
 
     def _migrate(self) -> None:
         """(Under the lock.) Copy every study of ``optuna.journal`` into its own journal in
@@ -193,7 +193,7 @@ class ResultStore:
         try:
             old = studies.Ledger(legacy)
             names = old.names()
-            parts = studies.Journals(tmp)
+            parts = journals.Journals(tmp)
             for name in names:
                 journals.copy_study(old.storage, name, parts.get(name))
             os.rename(tmp, target)
@@ -287,9 +287,10 @@ class ResultStore:
         """Each key folder (by slug) with a study or a row folder, and what says it changed
         (last, two times: a journal's or 0, the row folder's; a database's keys: counts of
         ``rdb.slug_changes``), what the index must match (``meta``); (None, {}): derive all."""
-        from hcp_tune.store import rdb, studies
+        from hcp_tune.store import rdb
+        from hcp_tune.store.journals import Journals
 
-        if isinstance(ledger.storage, studies.Journals):
+        if isinstance(ledger.storage, Journals):
             out: dict[str, list[int]] = {s: [0, 0, t] for s, t in self._folder_times().items()}
             for path in ledger.storage.folder.glob("*.journal"):
                 st = path.stat()
@@ -317,9 +318,9 @@ class ResultStore:
         one key at a time: import the row files its study lacks, rewrite its row files
         from the study, and return per slug its tables' entry (``_entry``). A per-key
         journal is let go once its key is done, so memory holds one key's trials."""
-        from hcp_tune.store import studies
+        from hcp_tune.store.journals import Journals
 
-        journals = ledger.storage if isinstance(ledger.storage, studies.Journals) else None
+        journals = ledger.storage if isinstance(ledger.storage, Journals) else None
         in_storage: dict[str, set[str]] = {}
         if journals is None:  # one storage: its study names, by slug
             for n in ledger.names():

@@ -106,10 +106,10 @@ def take_tag(store: ResultStore, env_tag: str, archive: bool) -> tuple[int, int,
     tables rewritten without them; a command killed part way leaves that folder
     (``.taking-*``) for a person to look at, never a half-dropped key.
     Returns (keys, row files, where archived)."""
-    from hcp_tune.store import studies
+    from hcp_tune.store import journals, studies
 
     storage = store.ledger()
-    if not isinstance(storage, studies.Journals):  # (ledger() without a storage: never)
+    if not isinstance(storage, journals.Journals):  # (ledger() without a storage: never)
         raise HousekeepingError("this folder's ledger is not journals/")
     target = store.root / ARCHIVE / env_tag if archive else None
     with store.lock():
@@ -143,7 +143,7 @@ def take_tag(store: ResultStore, env_tag: str, archive: bool) -> tuple[int, int,
             journal = storage.folder / f"{slug}.journal"
             if journal.exists():
                 os.rename(journal, aside / JOURNALS / journal.name)
-        store.rebuild_locked(studies.Ledger(studies.Journals(storage.folder)), False)
+        store.rebuild_locked(studies.Ledger(journals.Journals(storage.folder)), False)
         if target is not None:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(aside, target)
@@ -163,7 +163,7 @@ def migrate(store: ResultStore, url: str) -> tuple[int, int, int]:
     copied, rows already there)."""
     from hcp_tune.store import journals, studies
 
-    target = studies.open_storage(url)  # a database that refuses us: one line, nothing done
+    target = journals.open_storage(url)  # a database that refuses us: one line, nothing done
     with store.lock():
         busy = running_sweeps(store)
         if busy:
@@ -171,7 +171,7 @@ def migrate(store: ResultStore, url: str) -> tuple[int, int, int]:
                                     f"({busy[0]}): migrate when it has ended")
         if (store.root / LEGACY_JOURNAL).is_file() and not (store.root / JOURNALS).is_dir():
             store._migrate()  # noqa: SLF001 - the split, under the lock this holds
-        source = studies.Ledger(studies.Journals(store.root / JOURNALS))
+        source = studies.Ledger(journals.Journals(store.root / JOURNALS))
         names = source.names()
         if not names:
             raise HousekeepingError(f"{store.root}: no journals to migrate ({JOURNALS}/ holds "

@@ -27,7 +27,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from hcp_tune.store.journals import Journals, open_storage, storage_for  # noqa: F401
+from hcp_tune.store.journals import Journals, open_storage, storage_for
 from hcp_tune.store.records import name_slug, row_text
 from hcp_tune.spec import Status
 

@@ -15,7 +15,8 @@ from hcp_tune.store.records import (
     Verification,
 )
 from hcp_tune.store.folder import ResultStore, SweepKey, trial_row
-from hcp_tune.store.studies import ROW_PART_CHARS, LayoutStudy, Ledger, open_storage
+from hcp_tune.store.journals import open_storage
+from hcp_tune.store.studies import ROW_PART_CHARS, LayoutStudy, Ledger
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 PROOF = {"groups": {"match": True}, "numerics": {"passed": True}}

@@ -11,9 +11,10 @@ import signal
 
 import pytest
 
-from hcp_tune.store import studies
+from hcp_tune.store import journals
 from hcp_tune.store.folder import ResultStore, SweepKey, csv_line, trial_row
-from hcp_tune.store.studies import LayoutStudy, Ledger, open_storage
+from hcp_tune.store.journals import open_storage
+from hcp_tune.store.studies import LayoutStudy, Ledger
 from hcp_tune.spec import FailureClass, Status, TrialResult, TrialSpec
 
 PROOF = {"groups": {"match": True}, "numerics": {"passed": True}}
@@ -126,8 +127,8 @@ def test_the_update_replays_only_the_keys_that_changed(tmp_path, monkeypatch):
     recent.rebuild()  # KEYS[2] just written: derived now and again by the next update
     _age(root)
     opened = []
-    real_get = studies.Journals.get
-    monkeypatch.setattr(studies.Journals, "get",
+    real_get = journals.Journals.get
+    monkeypatch.setattr(journals.Journals, "get",
                         lambda self, name: (opened.append(name), real_get(self, name))[1])
     ResultStore(root).rebuild()
     assert set(opened) == {KEYS[2].name}
@@ -211,8 +212,8 @@ def test_resume_planning_replays_only_the_planned_keys(tmp_path, monkeypatch):
     for i, key in enumerate(KEYS):
         sweep(root, key, 2, i)
     opened = []
-    real_get = studies.Journals.get
-    monkeypatch.setattr(studies.Journals, "get",
+    real_get = journals.Journals.get
+    monkeypatch.setattr(journals.Journals, "get",
                         lambda self, name: (opened.append(name), real_get(self, name))[1])
     cfg = config.load(["cluster=local", "model=tiny", "cp=4", "tp=1", "seq=[2048,4096]",
                        "runner=attention", "env_tag=night-2", "executor=local",

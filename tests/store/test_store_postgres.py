@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hcp_tune.store import rdb, studies
+from hcp_tune.store import journals, rdb, studies
 from hcp_tune.store.folder import ResultStore
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -40,7 +40,7 @@ def _sweep_like(root: str, url: str, who: str, count: int) -> None:
 
 def _tell(url: str, who: str, count: int, start: int = 0) -> None:
     _sweep_like(f"/nonexistent-{who}", url, who, 0)  # (the study exists)
-    storage = studies.open_storage(url)
+    storage = journals.open_storage(url)
     study = studies.LayoutStudy(storage, KEY.name, [1, 2, 4])
     for i in range(start, start + count):
         number, trial_id, a2a = study.ask(2, who)
@@ -76,7 +76,7 @@ def test_two_folders_at_once_get_one_ranking_and_an_empty_third_sees_all(postgre
 def test_sync_derives_only_the_keys_that_changed(postgres_db, tmp_path):
     other = dict(KEY.__dict__, env_tag="other")
     _tell(postgres_db, "alice", 3)
-    storage = studies.open_storage(postgres_db)
+    storage = journals.open_storage(postgres_db)
     studies.LayoutStudy(storage, type(KEY)(**other).name, [2]).add_row(
         {**row(2, 1.5, key=type(KEY)(**other)), "trial_id": "o-1"})
     store = ResultStore(tmp_path, postgres_db)
@@ -104,7 +104,7 @@ def test_sync_derives_only_the_keys_that_changed(postgres_db, tmp_path):
 
 def test_a_user_attribute_added_later_marks_its_key_changed(postgres_db, tmp_path):
     """A row told to a RUNNING trial changes no trial count: the attribute mark sees it."""
-    storage = studies.open_storage(postgres_db)
+    storage = journals.open_storage(postgres_db)
     study = studies.LayoutStudy(storage, KEY.name, [2])
     number, trial_id, _ = study.ask(2, "alice")
     store = ResultStore(tmp_path, postgres_db)
@@ -132,7 +132,7 @@ def test_migrate_moves_a_journal_folder_once_with_a_count_check(postgres_db, tmp
     r = hcp("results", "migrate", f"results_dir={folder}", f"storage={postgres_db}")  # old name
     assert r.returncode == 0, r.stderr
     assert "0 trial(s) copied, 4 already there" in r.stdout  # twice adds nothing
-    held = studies.Ledger(studies.open_storage(postgres_db)).rows()
+    held = studies.Ledger(journals.open_storage(postgres_db)).rows()
     assert len(held) == 4
     third = tmp_path / "empty"
     assert hcp("results", "sync", f"results_dir={third}", f"search.storage='{postgres_db}'"
@@ -198,7 +198,7 @@ def test_a_lost_connection_is_retried_then_stops_with_what_to_rerun(postgres_db,
 def test_a_server_restarted_mid_sweep_loses_nothing(postgres_server, postgres_db, tmp_path):
     """A real restart (scripts/postgres-local.sh restart: every session cut) between two tells: the
     next call reconnects (pool_pre_ping) and every trial is there."""
-    storage = studies.open_storage(postgres_db)
+    storage = journals.open_storage(postgres_db)
     study = studies.LayoutStudy(storage, KEY.name, [2])
     n1, t1, _ = study.ask(2, "alice")
     study.tell(n1, None, None, row={**row(2, 1.0, n=1), "trial_id": t1})

@@ -3,7 +3,8 @@ import pytest
 
 from hcp_tune.engine.trials import read_progress, should_prune
 from hcp_tune.store import studies
-from hcp_tune.store.studies import LayoutStudy, open_storage
+from hcp_tune.store.journals import open_storage
+from hcp_tune.store.studies import LayoutStudy
 from hcp_tune.spec import Status
 
 
