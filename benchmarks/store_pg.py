@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from stamp import write_results  # noqa: E402
 
 import store_gen  # noqa: E402
-from store_pg_faults import faults, sh  # noqa: E402
+from store_pg_faults import faults, sh, writer  # noqa: E402
 from store_scale import shape  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "postgres-local.sh"
@@ -266,7 +266,7 @@ def run(n: int) -> dict:
         runs: dict = {"sync_same": [], "sync24": [], "recommend": [], "write24_s": []}
         for i in range(REPEATS):  # the machine is shared: each figure's best of REPEATS
             runs["sync_same"].append(hcp("results", "sync", f"results_dir={folder}"))
-            proc = writer(url, tmp / f"new24-{i}", 24, retry_s=120)
+            proc = writer(url, tmp / f"new24-{i}", 24, retry_s=120, env=ENV)
             t0 = time.perf_counter()
             proc.communicate(timeout=600)
             runs["write24_s"].append(time.perf_counter() - t0)
