@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+from hcp_tune.job.dist import quiet_ports
 from hcp_tune.spec import Status, TrialResult, TrialSpec
 
 Line = tuple[bool, str]
@@ -172,12 +172,6 @@ def negatives(ctx, specs: list[TrialSpec]) -> Line:
     return ok, " | ".join(parts)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def gpu_per_task(ctx, specs: list[TrialSpec]) -> Line:
     """Four job-entry processes, task r seeing only GPU r of the step's, as srun
     --gpus-per-task=1 starts them: each binds cuda:0 and Bridge must be told so."""
@@ -194,7 +188,7 @@ def gpu_per_task(ctx, specs: list[TrialSpec]) -> Line:
     if len(visible) < spec.world_size:
         return False, f"needs {spec.world_size} visible GPUs, has {visible}"
     base = {**os.environ, "WORLD_SIZE": str(spec.world_size), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()), "HCP_TUNE_LOG": str(folder / "rank0.log")}
+            "MASTER_PORT": str(quiet_ports()), "HCP_TUNE_LOG": str(folder / "rank0.log")}
     procs = []
     for r in range(spec.world_size):
         with open(folder / f"rank{r}.log", "w") as log:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import random
 import re
 import socket
 from dataclasses import dataclass
@@ -51,6 +52,29 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def quiet_ports(offset: int | None = None, n: int = 1, *, tries: int = 64) -> int:
+    """The first of ``n`` consecutive ports that all bind now, searched from
+    ``JOB_PORT_BASE + offset`` (a random offset when None) within the span below the ephemeral range: a bind-to-0 port,
+    or its neighbours, can be taken by an outgoing connection (gloo's pairs make many)
+    before rank 0 listens there, and ranks that reach a stranger's socket wait out their
+    timeout. Falls back to ``free_port`` when nothing in ``tries`` starts binds."""
+    offset = random.randrange(JOB_PORT_SPAN) if offset is None else offset
+    for i in range(tries):
+        first = (offset + i * n) % (JOB_PORT_SPAN - n)
+        if all(_binds(JOB_PORT_BASE + first + k) for k in range(n)):
+            return JOB_PORT_BASE + first
+    return free_port()
+
+
+def _binds(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def job_port(job_id: str) -> int:

@@ -46,7 +46,6 @@ import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -323,21 +322,11 @@ class _Forked:
 
 
 def set_port(job: str, n: int) -> int:
-    """Set n's rendezvous port: derived from the job and the set, below the ephemeral range
-    (32768..), where outgoing connections take theirs (a bind-to-0 port can be taken by
-    one before rank 0 listens on it: EADDRINUSE), the first from there that binds."""
-    from hcp_tune.job.dist import JOB_PORT_BASE, JOB_PORT_SPAN, free_port, job_port
+    """Set n's rendezvous port: derived from the job and the set (the next set: another
+    port), below the ephemeral range, the first from there that binds (``quiet_ports``)."""
+    from hcp_tune.job.dist import JOB_PORT_BASE, job_port, quiet_ports
 
-    start = job_port(job) - JOB_PORT_BASE + 997 * (n + 1)  # the next set: another port
-    for i in range(64):
-        port = JOB_PORT_BASE + (start + i) % JOB_PORT_SPAN
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    return free_port()
+    return quiet_ports(job_port(job) - JOB_PORT_BASE + 997 * (n + 1))
 
 
 def _fork_ranks(specs: list[TrialSpec], folder: Path, n: int, job: str) -> list[_Forked]:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from hcp_tune.job.batch import run_trials, write_result
-from hcp_tune.job.dist import free_port
+from hcp_tune.job.dist import quiet_ports
 from hcp_tune.job.progress import stop_reason
 from hcp_tune.merge import merge_root_cause, rank_out_path
 from hcp_tune.spec import (
@@ -315,7 +315,7 @@ def _run_local(spec: TrialSpec, spec_file: Path, folder: Path, limit: float) -> 
     """Run the trial as ``world_size`` local processes (torchrun's environment);
     True when the driver's limit ended it."""
     world = spec.world_size
-    port = free_port()
+    port = quiet_ports()  # below the ephemeral range, as a pool set's
     # torchrun's variables: the driver's own submitit ones (one task, rank 0) would make
     # every rank read itself as rank 0 of 1 (job.dist.detect_env prefers submitit's)
     base = {k: v for k, v in os.environ.items() if not k.startswith("SUBMITIT_")}

@@ -47,7 +47,7 @@ def test_blocker_really_blocks():
 def test_job_package_lists_only_allowed_imports():
     allowed = {"__future__", "ast", "atexit", "dataclasses", "datetime", "functools", "importlib",
                "inspect", "json",
-               "math", "os", "statistics",
+               "math", "os", "random", "statistics",
                "platform", "re", "resource", "signal", "socket", "subprocess", "sys", "threading", "time",
                "typing",
                "pathlib", "logging", "packaging", "torch", "megatron", "transformer_engine", "submitit", "hcp_tune",

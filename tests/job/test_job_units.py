@@ -51,6 +51,20 @@ def test_job_port_is_derived_from_the_job_id_alike_for_array_jobs():
     assert 20000 <= jdist.job_port("987654321") < 32000  # below the ephemeral ports
 
 
+def test_quiet_ports_skip_a_block_with_a_held_port():
+    """The double's trials each take a port of one block (CI: a bind-to-0 block's neighbour
+    was held by another lane's gloo pair, and the ranks waited 300 s on it)."""
+    import socket
+
+    offset = 5000
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", jdist.JOB_PORT_BASE + offset + 2))
+        held.listen()
+        first = jdist.quiet_ports(offset, 4)
+    assert jdist.JOB_PORT_BASE + offset + 2 not in range(first, first + 4)
+    assert jdist.JOB_PORT_BASE <= first < jdist.JOB_PORT_BASE + jdist.JOB_PORT_SPAN
+
+
 def test_no_launcher_is_a_single_process():
     env = jdist.detect_env({})
     assert (env.source, env.rank, env.world_size) == ("single", 0, 1)

@@ -8,23 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from hcp_tune.job.dist import quiet_ports
 from hcp_tune.space.layout import Layout, rank_groups
 
 WORKER = Path(__file__).with_name("pp_groups_worker.py")
 WORLD = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _canon(groups) -> list[tuple[int, ...]]:
@@ -34,7 +28,7 @@ def _canon(groups) -> list[tuple[int, ...]]:
 @pytest.mark.multiproc
 def test_pipeline_stages_get_the_planned_cp_groups_on_gloo(tmp_path):
     out = tmp_path / "groups.json"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(quiet_ports()),
            "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(out)],
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 from helpers import make_spec
 
+from hcp_tune.job.dist import quiet_ports
 from hcp_tune.space.layout import Layout, rank_groups
 from hcp_tune.spec import Status, result_from_json
 
@@ -38,16 +38,6 @@ TE_LINE = "Selected backend = FusedAttention (sub-backend 1)"
 # three documents of seq=64 at cp=4 (each padded to 8: 16 + 24 + 16 = 56, an 8-token tail)
 PACKED = {"packing": "thd", "packed_docs": [[13, 20, 9]], "mix": "doc3#abcdef"}
 NCCL_LINE = "node0:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
-
-
-def _free_port_block(n: int) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65000:
-            return base
-    raise RuntimeError("no free port")
 
 
 def _spec(name: str, layout: Layout, *, tp: int = 1, pp: int = 1, dp: int = 1, tmp: Path, **kw):
@@ -63,8 +53,11 @@ def _launch(tmp: Path, scenarios: list, world: int) -> dict:
     """Every scenario in turn on ``world`` gloo ranks (forked by the double after its
     imports); rank 0's results by name."""
     (tmp / "scenarios.json").write_text(json.dumps(scenarios))
+    # one port a scenario, all quiet now and below the ephemeral range: a neighbour of a
+    # bind-to-0 port taken by the other lane's gloo pairs left ranks waiting 300 s (CI, 3.12)
+    ports = quiet_ports(n=len(scenarios))
     env = {**os.environ, "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port_block(len(scenarios))),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports),
            "TMPDIR": str(tmp)}  # where the runner asks NCCL to log (no HCP_TUNE_LOG here)
     env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # what the runner sets is what is checked
     proc = subprocess.Popen([sys.executable, str(DOUBLE), str(world), str(tmp / "scenarios.json"),
