@@ -47,6 +47,7 @@ from hcp_tune.engine import sweep  # noqa: E402
 from hcp_tune.engine.sweep import Sweeper  # noqa: E402
 from hcp_tune.noise import row_noise  # noqa: E402
 from hcp_tune.space.plan import candidates  # noqa: E402
+from hcp_tune.store.records import ROW_FILES  # noqa: E402
 
 WORKLOADS = {
     "cp2": (2, [256, 512, 768, 1024, 1280, 1536, 1792, 2048]),
@@ -75,7 +76,7 @@ def run_engine(name: str, per_job: int) -> dict:
         Sweeper(cfg, Quiet()).run()
         ended = time.time()
         trials = []
-        for p in Path(tmp, "rows").glob("*/*.json"):
+        for p in Path(tmp, "rows").glob(f"*/{ROW_FILES}"):
             r = json.loads(p.read_text())
             written = Path(tmp, "trials", f"{r['trial_id']}.result.json").stat().st_mtime
             trials.append({

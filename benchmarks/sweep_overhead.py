@@ -46,6 +46,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 from stamp import write_results  # noqa: E402
 
+from hcp_tune.store.records import ROW_FILES  # noqa: E402
+
 SEQS = [256, 512, 768, 1024, 1280, 1536, 1792, 2048]
 ARGS = ["cp=2", f"seq=[{','.join(map(str, SEQS))}]", "model=tiny", "cluster=local",
         "runner=attention", "runner.warmup_steps=1", "runner.measure_steps=3",
@@ -89,7 +91,7 @@ def run(mode: str) -> dict:
             sys.exit(f"{mode}: the sweep exited {proc.returncode}:\n"
                      + "\n".join(x for _, x in lines[-20:]))
         trials = []
-        for p in Path(tmp, "rows").glob("*/*.json"):
+        for p in Path(tmp, "rows").glob(f"*/{ROW_FILES}"):
             r = json.loads(p.read_text())
             result = Path(tmp, "trials", f"{r['trial_id']}.result.json")
             notes = json.loads(result.read_text()).get("notes", []) if result.exists() else []

@@ -28,6 +28,7 @@ import yaml
 from hcp_tune.config.cluster import cluster_from_mapping
 from hcp_tune.config.model import model_from_mapping
 from hcp_tune.store.folder import ResultStore, SweepKey, trial_row
+from hcp_tune.store.records import ROW_FILES
 from hcp_tune.space.layout import Candidate, Layout, enumerate_layouts, rank_groups
 from hcp_tune.spec import Status, TrialResult, TrialSpec, result_from_json
 
@@ -138,7 +139,8 @@ def result_file(res: Path, row: dict) -> TrialResult:
 
 
 def rows(results: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((results / "rows").glob("*/*.json"))]
+    """The row files (not a writer's ``.tmp-*``: the store does not read those either)."""
+    return [json.loads(p.read_text()) for p in sorted((results / "rows").glob(f"*/{ROW_FILES}"))]
 
 def squeue_ids() -> set[str]:
     out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True)

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import rows
+
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 FAST = ["runner.warmup_steps=1", "runner.measure_steps=2"]
@@ -23,10 +25,6 @@ def hcp(cwd: Path, *args: str, timeout: int = 300, fault: str = "") -> subproces
     env = {**ENV, "HCP_TUNE_INJECT_FAULT": fault} if fault else ENV
     return subprocess.run([sys.executable, "-m", "hcp_tune", *args], capture_output=True,
                           text=True, cwd=cwd, env=env, timeout=timeout)
-
-
-def rows(results: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((results / "rows").glob("*/*.json"))]
 
 
 def csv_table(path: Path) -> tuple[list[str], list[dict]]:

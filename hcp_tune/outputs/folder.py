@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hcp_tune.outputs.regress import RegressError
 from hcp_tune.outputs.regress.args import parse_args
+from hcp_tune.store.records import ROW_FILES
 
 RESULTS_KEYS = ("results_dir", "format")
 TAKE_ACTIONS = ("drop", "archive")  # results drop|archive env_tag=X [results_dir=PATH]
@@ -43,7 +44,7 @@ def summarize(results_dir: Path) -> dict:
     row_bytes = 0
     for slug, key in store.folder_keys().items():
         s = tags.setdefault(str(key.env_tag), TagSummary(str(key.env_tag)))
-        files = list((results_dir / "rows" / slug).glob("*.json"))
+        files = list((results_dir / "rows" / slug).glob(ROW_FILES))
         size = sum(p.stat().st_size for p in files)
         s.keys += 1
         s.trials += len(files)

@@ -9,13 +9,12 @@ Layout of a results folder:
   With a database (``search.storage=postgresql://...``: ``rdb``) the folder is a view of it
   (``.ledger.json``) that commands reading the tables sync first (``refresh``).
 - ``rows/<sweep-key-hash>/<trial-id>.json``: one file per finished trial, written
-  atomically the moment its result is known (before it is told to the study, so a killed
-  orchestrator loses nothing) and rewritten from the studies by ``rebuild``: a view,
-  read through ``ResultStore.rows()``, or only the folders a command needs (``key_rows``:
-  one key's; ``tag_rows``: the keys of some env tags, found from one row per folder), so
-  that what ``recommend``, ``report env_tag=X``, ``regress`` and resume planning cost does
-  not grow with every night the folder holds. Files the studies lack (an older
-  hcp-tune's folder) are imported into them once.
+  atomically when its result is known (before the study is told: a killed orchestrator
+  loses nothing; its unrenamed ``.tmp-*`` is no row) and rewritten from the studies by
+  ``rebuild``: a view, read through ``rows()``, or only the folders a command needs
+  (``key_rows``: one key's; ``tag_rows``: some env tags' keys, found from one row per
+  folder), so what ``recommend``, ``report``, ``regress`` and resume planning cost does not
+  grow with every night the folder holds. Rows the studies lack are imported once.
 - ``trials.csv`` and ``recommendations.csv``: tables rebuilt from the studies under an
   exclusive lock (``.lock``) and replaced atomically, so a reader sees the old table or
   the new one, and concurrent sweeps serialise their rebuilds instead of interleaving.
@@ -47,6 +46,7 @@ from hcp_tune.store import folderlock
 from hcp_tune.store.records import (
     KEY_FIELDS,
     RECOMMENDATION_COLUMNS,
+    ROW_FILES,
     ROW_SCHEMA,
     TRIAL_COLUMNS,
     Recommendation,
@@ -108,7 +108,7 @@ class ResultStore:
 
     def _each_file(self, slug: Optional[str] = None) -> Iterator[tuple[Path, str, TrialRow]]:
         """``_files``, one at a time (a reader of every row keeps only what it needs)."""
-        pattern = f"{slug}/*.json" if slug is not None else "*/*.json"
+        pattern = f"{slug or '*'}/{ROW_FILES}"
         for path in sorted((self.root / "rows").glob(pattern)):
             try:
                 text = path.read_text()
@@ -143,7 +143,7 @@ class ResultStore:
         without reading every row."""
         out: dict[str, SweepKey] = {}
         for folder in sorted((self.root / "rows").glob("*/")):
-            for path in sorted(folder.glob("*.json")):
+            for path in sorted(folder.glob(ROW_FILES)):
                 try:
                     raw = json.loads(path.read_text())
                     out[folder.name] = SweepKey.of(raw)
@@ -426,8 +426,7 @@ class ResultStore:
 LEGACY_JOURNAL = "optuna.journal"  # the single journal of folders written before issue 20
 JOURNALS = "journals"  # one journal per sweep key: journals/<slug>.journal
 LEDGER_FILE = ".ledger.json"  # the database this folder is a view of (ResultStore.remembered)
-TABLES_INDEX = ".tables.json"  # where each key's lines lie in the tables (a cache)
-TABLES_INDEX_VERSION = 1
+TABLES_INDEX, TABLES_INDEX_VERSION = ".tables.json", 1  # each key's lines in the tables
 RACY_NS = 2_000_000_000  # a time this recent may not yet show a write made in its tick
 
 

@@ -19,6 +19,7 @@ from typing import Optional
 
 from hcp_tune.store.folderlock import pid_alive
 from hcp_tune.store.folder import JOURNALS, LEDGER_FILE, LEGACY_JOURNAL, ResultStore
+from hcp_tune.store.records import ROW_FILES
 from hcp_tune.redact import redact_all
 from hcp_tune.spec import atomic_write_text, current_umask
 from hcp_tune.errors import HcpError
@@ -138,7 +139,7 @@ def take_tag(store: ResultStore, env_tag: str, archive: bool) -> tuple[int, int,
         for slug in sorted(slugs):
             rows = store.root / "rows" / slug
             if rows.is_dir():
-                files += sum(1 for _ in rows.glob("*.json"))
+                files += sum(1 for _ in rows.glob(ROW_FILES))
                 os.rename(rows, aside / "rows" / slug)
             journal = storage.folder / f"{slug}.journal"
             if journal.exists():

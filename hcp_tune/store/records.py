@@ -29,6 +29,8 @@ OLDER_ROW_DEFAULTS: dict[str, Any] = {"pp": 1, "dp": 1, "mbs": 1, "micro_batches
                                       "mix": ""}
 # Rows written before the version existed have none and read as version 1.
 ROW_SCHEMA = 1
+# a row file under rows/<slug>/, not the .tmp-* of a write a kill left unrenamed (atomic_open)
+ROW_FILES = "[!.]*.json"
 RECOMMENDATION_SCHEMA = 2  # 2: median_s is the layout's figure; its interval, verdict
 VERIFICATION_SCHEMA = 1
 

@@ -9,6 +9,7 @@ from helpers import rows_for, store  # noqa: E402
 
 from hcp_tune.store import housekeeping  # noqa: E402
 from hcp_tune.store.folder import ResultStore  # noqa: E402
+from hcp_tune.store.records import ROW_FILES  # noqa: E402
 from hcp_tune.outputs import folder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def test_each_tag_counts_its_keys_trials_and_bytes(tmp_path):
     assert (tags["te-2.9"]["keys"], tags["te-2.9"]["trials"]) == (2, 5)
     assert (tags["te-2.10"]["keys"], tags["te-2.10"]["trials"]) == (1, 2)
     assert tags["te-2.10"]["models"] == ["tiny-gqa"]
-    row_files = list((root / "rows").glob("*/*.json"))
+    row_files = list((root / "rows").glob(f"*/{ROW_FILES}"))
     assert sum(t["bytes"] for t in doc["tags"]) == sum(p.stat().st_size for p in row_files)
     assert doc["journal_bytes"] == 1000
     assert doc["total_bytes"] == doc["other_bytes"] + sum(t["bytes"] for t in doc["tags"])

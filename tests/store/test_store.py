@@ -82,6 +82,27 @@ def test_rows_are_files_and_tables_are_rebuilt(tmp_path):
     assert not list(tmp_path.rglob(".tmp-*"))  # no temp files left behind
 
 
+def test_a_row_write_a_kill_left_unrenamed_is_no_row(tmp_path):
+    """SIGKILL between a row's fsync and its rename leaves a whole ``.tmp-*`` copy beside
+    the row (CI, 2026-12-07: a killed sweep's folder held 7 files for 6 trials); it is read
+    nowhere: not as a row, a key's row, a key of the folder, nor a trial of ``results``."""
+    from hcp_tune.outputs import folder
+
+    store = ResultStore(tmp_path)
+    store.add(row(2, 1.0, n=0), KEY)
+    path = store.row_path(KEY, row(2, 1.0, n=0)["trial_id"])
+    path.with_name(f".tmp-x1y2z3{path.name}").write_text(path.read_text())
+    other = SweepKey("local", "tiny", 1, 4, 4096, "attention", "default")
+    (tmp_path / "rows" / other.slug).mkdir()
+    (tmp_path / "rows" / other.slug / f".tmp-a1b2c3{other.slug}-t000-a2.json").write_text(
+        path.read_text().replace('"seq": 2048', '"seq": 4096'))
+    assert len(store.rows()) == len(store.key_rows(KEY)) == 1
+    assert list(store.folder_keys()) == [KEY.slug]
+    doc = folder.summarize(tmp_path)
+    assert [t["trials"] for t in doc["tags"]] == [1]
+    assert len(pd.read_csv(store.rebuild()[0])) == 1
+
+
 def test_tables_have_their_header_even_when_nothing_was_stored_or_ranked(tmp_path):
     """Issue 8 §4.2: a sweep whose trials all failed wrote a recommendations.csv with no
     header; an empty store wrote two empty files."""
