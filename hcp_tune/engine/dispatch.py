@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -285,7 +286,7 @@ def cancel(handles: Sequence[JobHandle]) -> None:
             continue
         marker = _cancel_marker(h)
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()  # lets a re-attached handle tell "cancelled" from "died"
+        marker.touch()  # cancelled, whoever polls it (a re-attached handle sees no exit code)
         if h.executor == "local":
             h.job.cancel(check=False)
     if slurm_ids:
@@ -335,14 +336,24 @@ def _scheduler_states(ids: Sequence[str]) -> dict[str, str]:
 
 
 def _local_state(handle: JobHandle) -> str:
+    """RUNNING, ENDED, or how a local job was killed from outside (``LOCAL_KILLED``): its
+    controller died of a signal (``SIGKILL``: with its sweep's process group, a closed
+    terminal), or, re-attached by a later sweep, is gone (``KILLED``; a job whose tasks
+    ended, well or not, left a result: one without is a killed one)."""
     process = getattr(handle.job, "_process", None)
     if process is not None:
-        return "RUNNING" if process.poll() is None else "ENDED"
+        code = process.poll()
+        if code is None:
+            return "RUNNING"
+        return signal.Signals(-code).name if code < 0 and -code in _SIGNALS else "ENDED"
     try:  # re-attached: the job id is the controller's pid
         with open(f"/proc/{int(handle.job_id)}/stat") as f:
-            return "ENDED" if f.read().rsplit(")", 1)[1].split()[0] in "ZX" else "RUNNING"
+            return "KILLED" if f.read().rsplit(")", 1)[1].split()[0] in "ZX" else "RUNNING"
     except (OSError, ValueError, IndexError):
-        return "ENDED"
+        return "KILLED"
+
+
+_SIGNALS = {int(s) for s in signal.Signals}
 
 
 def _error_line(trace: str) -> str:
@@ -402,7 +413,8 @@ def poll_all(handles: Sequence[JobHandle]) -> list[JobOutcome]:
             late = _outcome_from_files(h)
             if late is not None:
                 outcomes.append(late)
-            elif state == "CANCELLED" or _cancel_marker(h).exists():
+            elif (state == "CANCELLED" or _cancel_marker(h).exists()
+                  or (h.executor == "local" and state != "ENDED")):  # killed from outside
                 outcomes.append(JobOutcome(state=JobState.CANCELLED, scheduler_state=state, stdout=out, stderr=err))
             else:
                 msg = f"job {h.job_id} ended ({state}) without a result; logs: {err}"

@@ -1,6 +1,7 @@
 """hcp_tune.engine.dispatch: executor config, executor shape, and real jobs (local and SLURM)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -240,6 +241,35 @@ def test_local_cancel_of_a_running_job_ends_cancelled(tmp_path):
     dispatch.cancel([handle])
     (out,) = wait_for([handle], all_finished)
     assert out.state == JobState.CANCELLED
+
+
+def test_a_local_job_killed_from_outside_ends_cancelled_live_and_reattached(tmp_path):
+    """A local job's controller killed by a signal (with its sweep's process group: CI,
+    2026-12-07, stored such a trial as failed, 'ended (ENDED) without a result', and the
+    resumed sweep never measured it again) is cancelled, by the sweep that started it and
+    by a later one that re-attaches it: ended from outside, measured again."""
+    import signal
+
+    from hcp_tune.engine.trials import failed_from_job
+
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)
+    cfg = executor(name="local", time_limit_min=2)
+    ex = dispatch.make_executor(cfg, world_size=1, gpus_per_node=0, folder=tmp_path)
+    handle = dispatch.submit(ex, helpers.block_on_fifo, str(fifo))
+    wait_for([handle], lambda o: o[0].state == JobState.RUNNING)
+    os.kill(int(handle.job_id), signal.SIGKILL)  # the controller; its task waits on the fifo
+    try:
+        (out,) = wait_for([handle], all_finished)
+        assert (out.state, out.scheduler_state) == (JobState.CANCELLED, "SIGKILL")
+        again = dispatch.poll(dispatch.attach(tmp_path / "%j", handle.job_id, "local"))
+        assert (again.state, again.scheduler_state) == (JobState.CANCELLED, "KILLED")
+        spec = helpers.make_spec(helpers.Layout(1, 2), trial_id="t")
+        res = failed_from_job(spec, again)
+        assert res.status.value == "cancelled" and "measured again" in res.error, res.error
+    finally:  # the orphaned task reads its fifo's end and exits (ENXIO: it is gone)
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def test_config_from_a_hydra_node():
