@@ -231,13 +231,19 @@ def test_slurm_multi_task_job_runs_fn_on_every_rank(slurm_cluster, tmp_path):
     assert ranks == [0, 1]
 
 
-def test_local_cancel_of_a_running_job_ends_cancelled(tmp_path):
+def _running_local_job(tmp_path):
+    """A local job that runs until it is ended (its task waits on a fifo no one writes)."""
     fifo = tmp_path / "never-written"
     os.mkfifo(fifo)
     cfg = executor(name="local", time_limit_min=2)
     ex = dispatch.make_executor(cfg, world_size=1, gpus_per_node=0, folder=tmp_path)
     handle = dispatch.submit(ex, helpers.block_on_fifo, str(fifo))
     wait_for([handle], lambda o: o[0].state == JobState.RUNNING)
+    return handle, fifo
+
+
+def test_local_cancel_of_a_running_job_ends_cancelled(tmp_path):
+    handle, _ = _running_local_job(tmp_path)
     dispatch.cancel([handle])
     (out,) = wait_for([handle], all_finished)
     assert out.state == JobState.CANCELLED
@@ -252,12 +258,7 @@ def test_a_local_job_killed_from_outside_ends_cancelled_live_and_reattached(tmp_
 
     from hcp_tune.engine.trials import failed_from_job
 
-    fifo = tmp_path / "never-written"
-    os.mkfifo(fifo)
-    cfg = executor(name="local", time_limit_min=2)
-    ex = dispatch.make_executor(cfg, world_size=1, gpus_per_node=0, folder=tmp_path)
-    handle = dispatch.submit(ex, helpers.block_on_fifo, str(fifo))
-    wait_for([handle], lambda o: o[0].state == JobState.RUNNING)
+    handle, fifo = _running_local_job(tmp_path)
     os.kill(int(handle.job_id), signal.SIGKILL)  # the controller; its task waits on the fifo
     try:
         (out,) = wait_for([handle], all_finished)
