@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -21,7 +22,7 @@ from hcp_tune.store.folderlock import pid_alive
 from hcp_tune.store.folder import JOURNALS, LEDGER_FILE, LEGACY_JOURNAL, ResultStore
 from hcp_tune.store.records import ROW_FILES
 from hcp_tune.redact import redact_all
-from hcp_tune.spec import atomic_write_text, current_umask
+from hcp_tune.spec import atomic_write_text
 from hcp_tune.errors import HcpError
 
 SWEEPS = "sweeps"  # sweeps/<host>-<pid>-<n>.running: a sweep is running on the folder
@@ -42,16 +43,14 @@ def mark_sweep(store: ResultStore) -> Path:
     folder is shared, the marker readable by the team."""
     with store.lock():
         running_sweeps(store)  # (removes this host's dead markers)
-        folder = store.root / SWEEPS
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, path = tempfile.mkstemp(dir=folder, prefix=f"{socket.gethostname()}-"
-                                    f"{os.getpid()}-", suffix=".running")
-        os.fchmod(fd, 0o666 & ~current_umask())  # readable by teammates, as open() would
-        with os.fdopen(fd, "w") as handle:
-            json.dump({"host": socket.gethostname(), "pid": os.getpid(),
-                       "started": _started(os.getpid()), "argv": redact_all(sys.argv)},
-                      handle)
-    return Path(path)
+        # whole or absent (atomic: a marker a kill left half-written would read as a
+        # sweep running for ever), readable by teammates; the name is this sweep's own
+        path = store.root / SWEEPS / (f"{socket.gethostname()}-{os.getpid()}-"
+                                      f"{secrets.token_hex(4)}.running")
+        atomic_write_text(str(path), json.dumps({
+            "host": socket.gethostname(), "pid": os.getpid(),
+            "started": _started(os.getpid()), "argv": redact_all(sys.argv)}))
+    return path
 
 
 def unmark_sweep(marker: Optional[Path]) -> None:
@@ -84,7 +83,7 @@ def running_sweeps(store: ResultStore) -> list[str]:
     process's; those are removed). A marker from another host cannot be checked from
     here: it counts as running."""
     out = []
-    for path in sorted((store.root / SWEEPS).glob("*.running")):
+    for path in sorted((store.root / SWEEPS).glob("[!.]*.running")):  # not a write's .tmp-*
         try:
             mark = json.loads(path.read_text())
             host, pid = str(mark["host"]), int(mark["pid"])

@@ -129,9 +129,11 @@ def test_drop_refuses_while_a_sweep_runs_and_ignores_a_dead_sweeps_marker(tmp_pa
                           capture_output=True, text=True, check=True).stdout.strip()
     (root / "sweeps" / f"{os.uname().nodename}-{dead}-x.running").write_text(json.dumps(
         {"host": os.uname().nodename, "pid": int(dead), "argv": []}))  # killed with SIGKILL
+    # and one killed while it wrote its marker: the unrenamed half is no sweep
+    (root / "sweeps" / f".tmp-k3x9{os.uname().nodename}-{dead}-y.running").write_text('{"ho')
     out = hcp("results", "drop", "env_tag=night-1", f"results_dir={root}")
     assert out.returncode == 0, out.stderr
-    assert not list((root / "sweeps").glob("*.running"))
+    assert not list((root / "sweeps").glob("[!.]*.running"))
 
 
 def test_drop_and_archive_bad_input_is_one_line_exit_2(tmp_path):
