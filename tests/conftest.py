@@ -188,8 +188,13 @@ def postgres_db(postgres_server):
 # the tests that use the local SLURM node are one group (one after the other, as alone:
 # some read its free slots), the PostgreSQL ones another, those sharing the session's
 # ``batch`` runs a third, and every other test stays with its file's tests (module
-# fixtures run once). Without xdist the mark is inert.
+# fixtures run once). Without xdist the mark is inert. The marks must be there before
+# xdist's own hook turns each into the test id's ``@group`` suffix, which is what its
+# scheduler groups by; ``_groups_formed`` then checks that it did (2026-12-07: under
+# pytest 9.2, which xdist 3.8's suffix no longer reaches, no group formed and the restart
+# test's worker cut the other worker's PostgreSQL sweeps: pyproject pins pytest < 9.2).
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
@@ -202,3 +207,17 @@ def pytest_collection_modifyitems(config, items):
         else:
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session):
+    """In an xdist worker with ``--dist loadgroup``: every test id carries its group, or
+    the run stops before a test runs (two workers would share the SLURM node and the
+    PostgreSQL server, and fail at random)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        group = "_".join(sorted({m.args[0] for m in item.iter_markers("xdist_group")}))
+        if not item.nodeid.endswith(f"@{group}"):
+            raise pytest.UsageError(
+                f"pytest-xdist formed no test groups ({item.nodeid} lacks @{group}): this "
+                "pytest and pytest-xdist do not work together (pyproject pins pytest < 9.2)")
