@@ -16,7 +16,7 @@ fi
 # HCP_TUNE_WORKERS=2: two worker processes (pytest-xdist, --dist loadgroup), filling the
 # time a test waits on SLURM, process start-up and subprocesses; tests/conftest.py keeps
 # the tests that share the SLURM node, the PostgreSQL server or a session's batches in one
-# worker each. Default 0 (one process); CI's 3.11 lane runs two (828 s against 533 s).
+# worker each. Default 0 (one process); CI's 3.11 lane runs two (751 s, against 978-1012 s).
 WORKERS=${HCP_TUNE_WORKERS:-0}
 XDIST=()
 [[ $WORKERS == 0 ]] || XDIST=(-n "$WORKERS" --dist loadgroup)
