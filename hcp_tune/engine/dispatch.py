@@ -336,10 +336,11 @@ def _scheduler_states(ids: Sequence[str]) -> dict[str, str]:
 
 
 def _local_state(handle: JobHandle) -> str:
-    """RUNNING, ENDED, or how a local job was killed from outside (``LOCAL_KILLED``): its
-    controller died of a signal (``SIGKILL``: with its sweep's process group, a closed
+    """RUNNING, ENDED, or how a local job was killed from outside: its controller died
+    of a signal (its name, e.g. ``SIGKILL``: with its sweep's process group, a closed
     terminal), or, re-attached by a later sweep, is gone (``KILLED``; a job whose tasks
-    ended, well or not, left a result: one without is a killed one)."""
+    ended, well or not, left a result: one without is a killed one). ``poll_all`` reads
+    any of these but ENDED as cancelled."""
     process = getattr(handle.job, "_process", None)
     if process is not None:
         code = process.poll()

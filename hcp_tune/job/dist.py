@@ -56,10 +56,11 @@ def free_port() -> int:
 
 def quiet_ports(offset: int | None = None, n: int = 1, *, tries: int = 64) -> int:
     """The first of ``n`` consecutive ports that all bind now, searched from
-    ``JOB_PORT_BASE + offset`` (a random offset when None) within the span below the ephemeral range: a bind-to-0 port,
-    or its neighbours, can be taken by an outgoing connection (gloo's pairs make many)
-    before rank 0 listens there, and ranks that reach a stranger's socket wait out their
-    timeout. Falls back to ``free_port`` when nothing in ``tries`` starts binds."""
+    ``JOB_PORT_BASE + offset`` (a random offset when None) within the span below the
+    ephemeral range: a bind-to-0 port, or its neighbours, can be taken by an outgoing
+    connection (gloo's pairs make many) before rank 0 listens there, and ranks that reach
+    a stranger's socket wait out their timeout. Falls back to ``free_port`` when nothing
+    in ``tries`` starts binds."""
     offset = random.randrange(JOB_PORT_SPAN) if offset is None else offset
     for i in range(tries):
         first = (offset + i * n) % (JOB_PORT_SPAN - n)
