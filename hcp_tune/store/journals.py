@@ -4,9 +4,12 @@ only when its key is used), or every study in one storage (an RDB URL, opened by
 or one journal file: ``open_storage``)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import optuna
 
@@ -30,11 +33,8 @@ class Journals:
         """The storage holding study ``name`` (opened once, replayed on first use)."""
         storage = self._open.get(name)
         if storage is None:
-            from optuna.storages import JournalStorage
-            from optuna.storages.journal import JournalFileBackend
-
             self.folder.mkdir(parents=True, exist_ok=True)
-            storage = JournalStorage(JournalFileBackend(str(self.path(name))))
+            storage = journal_storage(self.path(name))
             self._open[name] = storage
         return storage
 
@@ -86,8 +86,41 @@ def open_storage(url_or_path: Any) -> Any:
         from hcp_tune.store import rdb
 
         return optuna.storages.get_storage(rdb.open_storage(url_or_path))
+    Path(url_or_path).parent.mkdir(parents=True, exist_ok=True)
+    return journal_storage(url_or_path)
+
+
+def journal_storage(path: str | Path) -> Any:
+    """An optuna storage on the journal file ``path`` whose appends Ctrl-C cannot cut: a
+    SIGINT that lands inside one (optuna takes a lock file, writes, renames it back) waits
+    until the append is whole. Cut there, optuna's lock release raised FileNotFoundError
+    over the KeyboardInterrupt, and the sweep died with a traceback instead of cancelling
+    its jobs and exiting 130 (CI, 2026-12-07)."""
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    Path(url_or_path).parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(url_or_path)))
+    class UncutBackend(JournalFileBackend):
+        def append_logs(self, logs: list) -> None:
+            with sigint_deferred():
+                super().append_logs(logs)
+
+    return JournalStorage(UncutBackend(str(path)))
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold a SIGINT that arrives in the block until it ends, then deliver it to the
+    handler that was there (the main thread only: signals reach no other)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+        if held and callable(before):
+            before(signal.SIGINT, None)
+        elif held and before == signal.SIG_DFL:
+            raise KeyboardInterrupt

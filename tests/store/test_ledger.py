@@ -282,3 +282,33 @@ def test_a_recommendations_table_of_the_previous_version_is_read(tmp_path):
         newer[0] + ",schema_version\n" + newer[1] + ",3\n")
     with pytest.raises(ResultsTooNew, match="recommendations.csv: recommendation schema 3 > 2"):
         ResultStore(tmp_path).recommendations()
+
+
+def test_a_ctrl_c_inside_a_journal_append_is_held_until_the_append_is_whole(tmp_path, monkeypatch):
+    """CI, 2026-12-07: Ctrl-C landed while optuna held a journal's lock file; its release
+    then raised FileNotFoundError over the KeyboardInterrupt and the sweep died with a
+    traceback. The journal's appends hold the SIGINT: the append ends whole (its lock
+    file gone), then KeyboardInterrupt, as Ctrl-C gives anywhere else."""
+    import os
+    import signal
+
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    from hcp_tune.store import journals
+
+    real = JournalFileBackend.append_logs
+
+    def ctrl_c_inside(self, logs):
+        os.kill(os.getpid(), signal.SIGINT)  # pressed while the append runs
+        real(self, logs)
+
+    monkeypatch.setattr(JournalFileBackend, "append_logs", ctrl_c_inside)
+    path = tmp_path / "k.journal"
+    with pytest.raises(KeyboardInterrupt):
+        optuna.create_study(storage=journals.journal_storage(path), study_name="s")
+    monkeypatch.undo()
+    names = [st.study_name for st in journals.journal_storage(path).get_all_studies()]
+    assert names == ["s"] and sorted(p.name for p in tmp_path.iterdir()) == ["k.journal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
